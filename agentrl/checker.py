@@ -1,0 +1,119 @@
+"""``check_env``: does an environment honour the agentrl ``Env`` contract?
+
+Checks, in order: ``reset`` returns ``(tuple[Message, ...], dict)``; the same seed gives the same first
+observation; different seeds are not all identical (a warning only: some envs have one task); ``step``
+returns the Gymnasium 5-tuple with the right types and a finite reward; bad actions (empty text, garbage,
+a malformed tool call) are answered, not raised; episodes end with ``terminated`` or ``truncated`` and an
+seeded episode with plain-text answers ends (else a warning); a seeded episode is
+reproducible step by step; the two ``info`` keys the rollout reads have the right types.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+from agentrl._sync import run_sync
+from agentrl.env import INFO_ASSISTANT_MESSAGE, INFO_TOOL_RECORDS, Env
+from agentrl.errors import EnvContractError
+from agentrl.types import Action, Message, ToolRecord
+
+__all__ = ["acheck_env", "check_env"]
+
+BAD_ACTIONS = (
+    "",
+    "   \n\t",
+    "\x00\x01 garbage }{ ]] <tool_call>{not json</tool_call>",
+    '<tool_call>{"name": "no_such_tool", "arguments": {}}</tool_call>',
+    "```python\nraise SystemExit(3)\n```",
+    "x" * 5000,
+)
+
+
+def check_env(env: Env, *, max_steps: int = 64, seed: int = 1234) -> None:
+    """Synchronous form of :func:`acheck_env`."""
+    run_sync(acheck_env(env, max_steps=max_steps, seed=seed))
+
+
+async def acheck_env(env: Env, *, max_steps: int = 64, seed: int = 1234) -> None:
+    """Raise :class:`EnvContractError` naming the first broken rule; warn about soft issues."""
+    if not isinstance(env, Env):
+        raise EnvContractError(f"check_env needs an agentrl.Env, got {type(env).__name__}")
+    name = type(env).__name__
+
+    obs1, info = await _reset(env, seed)
+    obs2, _ = await _reset(env, seed)
+    if obs1 != obs2:
+        raise EnvContractError(f"{name}.reset(seed={seed}) gave different observations twice")
+    others = {(await _reset(env, seed + k))[0] for k in range(1, 6)}
+    if len(others | {obs1}) == 1:
+        warnings.warn(f"{name}: six seeds gave the same first observation", stacklevel=2)
+
+    for action_text in BAD_ACTIONS:
+        await _reset(env, seed)
+        await _step(env, Action(text=action_text), name)
+
+    trace1 = await _episode(env, seed, max_steps, name)
+    trace2 = await _episode(env, seed, max_steps, name)
+    if trace1 != trace2:
+        raise EnvContractError(f"{name}: the same seed and actions gave a different episode")
+
+
+async def _reset(env: Env, seed: int) -> tuple[tuple[Message, ...], dict[str, Any]]:
+    out = await env.reset(seed=seed)
+    name = type(env).__name__
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise EnvContractError(f"{name}.reset must return (observation, info), got {out!r:.200}")
+    obs, info = out
+    if not isinstance(obs, tuple) or not obs or not all(isinstance(m, Message) for m in obs):
+        raise EnvContractError(f"{name}.reset observation must be a non-empty tuple of Message")
+    if not isinstance(info, dict):
+        raise EnvContractError(f"{name}.reset info must be a dict, got {type(info).__name__}")
+    return obs, info
+
+
+async def _step(env: Env, action: Action, name: str) -> tuple[Any, ...]:
+    try:
+        out = await env.step(action)
+    except Exception as e:
+        raise EnvContractError(
+            f"{name}.step raised {type(e).__name__} on the action {action.text[:60]!r}; bad actions "
+            "must be answered with a message and a reward, not an exception"
+        ) from e
+    if not (isinstance(out, tuple) and len(out) == 5):
+        raise EnvContractError(f"{name}.step must return a 5-tuple, got {out!r:.200}")
+    obs, reward, terminated, truncated, info = out
+    if not isinstance(obs, tuple) or not all(isinstance(m, Message) for m in obs):
+        raise EnvContractError(f"{name}.step observation must be a tuple of Message")
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        raise EnvContractError(f"{name}.step reward must be a finite float, got {reward!r}")
+    if not isinstance(terminated, bool) or not isinstance(truncated, bool):
+        raise EnvContractError(f"{name}.step terminated/truncated must be bools")
+    if not isinstance(info, dict):
+        raise EnvContractError(f"{name}.step info must be a dict")
+    msg = info.get(INFO_ASSISTANT_MESSAGE)
+    if msg is not None and not (isinstance(msg, Message) and msg.role == "assistant"):
+        raise EnvContractError(f"{name}: info[{INFO_ASSISTANT_MESSAGE!r}] must be an assistant Message")
+    records = info.get(INFO_TOOL_RECORDS, ())
+    if not isinstance(records, tuple) or not all(isinstance(r, ToolRecord) for r in records):
+        raise EnvContractError(f"{name}: info[{INFO_TOOL_RECORDS!r}] must be a tuple of ToolRecord")
+    return out
+
+
+async def _episode(env: Env, seed: int, max_steps: int, name: str) -> list[tuple[Any, ...]]:
+    """Play a seeded episode with fixed plain-text actions; return what is comparable across runs."""
+    obs, _ = await _reset(env, seed)
+    trace: list[tuple[Any, ...]] = [obs]
+    for k in range(max_steps):
+        obs, reward, terminated, truncated, info = await _step(env, Action(text=f"{k}"), name)
+        records = tuple((r.name, r.output, r.status) for r in info.get(INFO_TOOL_RECORDS, ()))
+        trace.append((obs, float(reward), terminated, truncated, records))
+        if terminated or truncated:
+            return trace
+    warnings.warn(
+        f"{name}: no episode end within {max_steps} steps of plain answers; add a turn limit "
+        "(truncated=True) so a stuck model cannot run forever",
+        stacklevel=3,
+    )
+    return trace

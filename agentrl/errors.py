@@ -1,0 +1,104 @@
+"""The one error tree of agentrl.
+
+Every exception agentrl raises derives from :class:`AgentRLError`. Where a builtin exception has the same
+meaning, the class also derives from it, so existing ``except ValueError`` clauses keep working::
+
+    AgentRLError
+    ├── ConfigError (ValueError)            bad argument, config value or combination; raised before work starts
+    ├── EnvNotFoundError (KeyError)         agentrl.make() with an id nobody registered
+    ├── EnvContractError (TypeError)        an Env broke the contract (wrong return shape, step after the end)
+    ├── EpisodeError                        something went wrong *inside* an episode; becomes data on the
+    │   │                                   Trajectory (errors + stop reason), the episode is still recorded
+    │   ├── ToolCallError                   the model's tool call was unusable (bad JSON, unknown tool, bad args)
+    │   └── TemplateError                   the chat template is not append-only for this conversation
+    ├── InfraError                          the machinery failed, not the model; never scored as reward 0:
+    │   │                                   trajectories carrying one are marked ``infra_failure`` and dropped
+    │   ├── SandboxError (RuntimeError)     the sandbox could not run the code (start failed, busy, crashed)
+    │   │   └── SandboxSelfTestError        a resource limit did not trip during the startup self-test
+    │   └── PolicyError (RuntimeError)      generation failed (server down, engine crashed)
+    ├── StoreError (OSError)                the trajectory store could not be read or written
+    │   └── SchemaError (ValueError)        a stored record does not match the schema it claims
+    └── AuditError (AssertionError)         a trajectory's tokens, mask and log-probs disagree
+
+Rule of thumb: ``EpisodeError`` subclasses are the model's or the environment's business and are recorded;
+``InfraError`` subclasses are ours and mark the episode unusable for training; everything else is raised to
+the caller.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentRLError",
+    "AuditError",
+    "ConfigError",
+    "EnvContractError",
+    "EnvNotFoundError",
+    "EpisodeError",
+    "InfraError",
+    "PolicyError",
+    "SandboxError",
+    "SandboxSelfTestError",
+    "SchemaError",
+    "StoreError",
+    "TemplateError",
+    "ToolCallError",
+]
+
+
+class AgentRLError(Exception):
+    """Root of every exception raised by agentrl."""
+
+
+class ConfigError(AgentRLError, ValueError):
+    """A bad argument, configuration value or combination of settings."""
+
+
+class EnvNotFoundError(AgentRLError, KeyError):
+    """No environment is registered under the requested id."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable.
+        return str(self.args[0]) if self.args else ""
+
+
+class EnvContractError(AgentRLError, TypeError):
+    """An environment returned something the ``Env`` contract does not allow."""
+
+
+class EpisodeError(AgentRLError):
+    """A failure inside an episode; recorded on the trajectory rather than raised to the trainer."""
+
+
+class ToolCallError(EpisodeError):
+    """The model's tool call could not be parsed or executed as asked (the model can recover)."""
+
+
+class TemplateError(EpisodeError):
+    """The chat template is not append-only for this conversation (render-all != prefix + delta)."""
+
+
+class InfraError(AgentRLError):
+    """The machinery failed, not the model. Episodes hit by one are never scored as reward 0."""
+
+
+class SandboxError(InfraError, RuntimeError):
+    """The sandbox could not run code: it failed to start, crashed, or is saturated."""
+
+
+class SandboxSelfTestError(SandboxError):
+    """A resource limit did not trip during the sandbox's startup self-test."""
+
+
+class PolicyError(InfraError, RuntimeError):
+    """The policy backend failed to generate."""
+
+
+class StoreError(AgentRLError, OSError):
+    """The trajectory store could not be read or written."""
+
+
+class SchemaError(StoreError, ValueError):
+    """A stored record does not match its schema version."""
+
+
+class AuditError(AgentRLError, AssertionError):
+    """A trajectory's token ids, loss mask, log-probs or provenance disagree."""

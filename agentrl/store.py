@@ -1,0 +1,204 @@
+"""Versioned, append-only JSONL trajectory store.
+
+One trajectory per line; each line is flushed (and optionally fsynced) before ``append`` returns, so a
+reader may follow the file while it is being written and a crash loses at most the line being written.
+Every line carries ``schema_version`` plus, at least: ``token_ids``, ``loss_mask``, ``logprobs`` (null
+where the mask is 0), ``messages`` (OpenAI format), ``reward``, ``group_id``, ``terminated``,
+``truncated``.
+
+A torn last line (a crash mid-write, or a writer still writing it) is reported and skipped when reading.
+When a writer reopens a file whose last line is torn, the fragment is moved to ``<file>.torn`` first, so
+nothing is lost and later lines start cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentrl.errors import SchemaError, StoreError
+from agentrl.types import Trajectory
+
+__all__ = ["SCHEMA_VERSION", "JsonlStore", "StoreIssue", "read_trajectories"]
+
+SCHEMA_VERSION = 1
+"""Version of the line format written by this release. Readers accept this version and older."""
+
+REQUIRED_KEYS = (
+    "schema_version",
+    "token_ids",
+    "loss_mask",
+    "logprobs",
+    "messages",
+    "reward",
+    "group_id",
+    "terminated",
+    "truncated",
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreIssue:
+    """A line that could not be read."""
+
+    path: str
+    """File the line is in."""
+    line: int
+    """1-based line number."""
+    reason: str
+    """What was wrong with it."""
+
+
+class JsonlStore:
+    """Append trajectories to one JSONL file; read them back (also while another process writes)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False):
+        self.path = Path(path)
+        self.fsync = fsync
+        self._lock = threading.Lock()
+        self._fh = None  # opened lazily so a read-only user never creates the file
+
+    def _open(self):  # type: ignore[no-untyped-def]
+        if self._fh is None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                _quarantine_torn_tail(self.path)
+                self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
+            except OSError as e:
+                raise StoreError(f"cannot open trajectory store {self.path}: {e}") from e
+        return self._fh
+
+    def write(self, trajectory: Trajectory) -> None:
+        """Append one trajectory and flush it (synchronous form of :meth:`append`)."""
+        if not isinstance(trajectory, Trajectory):
+            raise StoreError(f"can only store a Trajectory, got {type(trajectory).__name__}")
+        record = {"schema_version": SCHEMA_VERSION, **trajectory.to_dict()}
+        try:
+            line = json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
+        except ValueError as e:
+            raise StoreError(f"trajectory is not JSON-serialisable (NaN or inf?): {e}") from e
+        with self._lock:
+            fh = self._open()
+            fh.write(line)
+            fh.flush()
+            if self.fsync:
+                os.fsync(fh.fileno())
+
+    async def append(self, trajectory: Trajectory) -> None:
+        """Append one trajectory; returns once the line is flushed to the OS."""
+        self.write(trajectory)
+
+    def read(self, *, issues: list[StoreIssue] | None = None) -> Iterator[Trajectory]:
+        """Iterate over the stored trajectories (see :func:`read_trajectories`)."""
+        return read_trajectories(self.path, issues=issues)
+
+    def close(self) -> None:
+        """Close the file. Further appends reopen it."""
+        with self._lock:
+            if self._fh is not None:
+                self._fh.close()
+                self._fh = None
+
+    def __enter__(self) -> JsonlStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _quarantine_torn_tail(path: Path) -> None:
+    """If the file does not end with a newline, move the partial last line to ``<file>.torn``."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        # Walk back in blocks to the last newline; the tail after it is the torn fragment.
+        pos, tail = size, b""
+        while pos > 0:
+            step = min(65536, pos)
+            pos -= step
+            fh.seek(pos)
+            block = fh.read(step)
+            tail = block + tail
+            nl = tail.rfind(b"\n")
+            if nl >= 0:
+                cut = pos + nl + 1
+                break
+        else:
+            cut = 0
+        if cut == size:
+            return
+        fh.seek(cut)
+        fragment = fh.read()
+        with open(path.with_name(path.name + ".torn"), "ab") as torn:
+            torn.write(fragment + b"\n")
+        fh.truncate(cut)
+    log.warning("%s: moved a torn last line (%d bytes) to %s.torn", path, len(fragment), path.name)
+
+
+def read_trajectories(
+    path: str | os.PathLike[str], *, issues: list[StoreIssue] | None = None
+) -> Iterator[Trajectory]:
+    """Yield the trajectories stored in a JSONL file, in write order.
+
+    A torn or corrupt **last** line is logged, appended to ``issues`` (if given) and skipped. A corrupt line
+    anywhere else means the file was damaged after the fact and raises :class:`SchemaError` naming the line.
+    A line written by a newer schema raises :class:`SchemaError` too.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "trajectories.jsonl"
+    try:
+        fh = open(p, encoding="utf-8")  # noqa: SIM115 - closed in the finally below
+    except OSError as e:
+        raise StoreError(f"cannot read trajectories from {p}: {e}") from e
+    try:
+        pending: tuple[int, str] | None = None
+        for lineno, raw in enumerate(fh, start=1):
+            if pending is not None:
+                yield _parse_line(p, *pending, last=False, issues=issues)  # type: ignore[misc]
+            pending = (lineno, raw)
+        if pending is not None:
+            traj = _parse_line(p, *pending, last=True, issues=issues)
+            if traj is not None:
+                yield traj
+    finally:
+        fh.close()
+
+
+def _parse_line(
+    path: Path, lineno: int, raw: str, *, last: bool, issues: list[StoreIssue] | None
+) -> Trajectory | None:
+    try:
+        if not raw.endswith("\n"):
+            raise ValueError("line has no newline (torn write)")
+        record = json.loads(raw)
+        if not isinstance(record, dict):
+            raise ValueError(f"line is a JSON {type(record).__name__}, not an object")
+        missing = [k for k in REQUIRED_KEYS if k not in record]
+        if missing:
+            raise ValueError(f"missing keys {missing}")
+        version = record["schema_version"]
+        if not isinstance(version, int) or version > SCHEMA_VERSION:
+            raise SchemaError(
+                f"{path}:{lineno}: schema_version {version!r} is newer than this agentrl reads "
+                f"({SCHEMA_VERSION}); upgrade agentrl"
+            )
+        return Trajectory.from_dict(record)
+    except SchemaError:
+        raise
+    except (ValueError, KeyError, TypeError) as e:
+        if last:
+            issue = StoreIssue(str(path), lineno, f"skipped torn or corrupt last line: {e}")
+            log.warning("%s:%d: %s", path, lineno, issue.reason)
+            if issues is not None:
+                issues.append(issue)
+            return None
+        raise SchemaError(f"{path}:{lineno}: corrupt trajectory line: {e}") from e

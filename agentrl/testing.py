@@ -1,0 +1,186 @@
+"""Shipped fakes for every seam, for agentrl's tests and for users' own.
+
+* :class:`ScriptedPolicy` — a :class:`~agentrl.protocols.Policy` that returns canned token ids and log-probs.
+* :class:`FakeSandbox` — a :class:`~agentrl.protocols.Sandbox` that runs code *in-process* (NOT isolated;
+  for tests of tool plumbing only — use ``agentrl.sandbox.LocalSandbox`` for anything untrusted).
+* :class:`EchoTool` — a :class:`~agentrl.protocols.Tool` that echoes its argument.
+* :class:`MemoryStore` — a :class:`~agentrl.protocols.TrajectoryStore` kept in a list.
+* :class:`EchoEnv` — the smallest useful :class:`~agentrl.Env`.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import io
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from agentrl.env import Env, Observation, StepReturn
+from agentrl.errors import ConfigError
+from agentrl.execution import ExecResult, ExecStatus, Limits
+from agentrl.protocols import FinishReason, Generation, Sampling, ToolContext, ToolOutput
+from agentrl.types import Action, Message, Trajectory
+
+__all__ = ["EchoEnv", "EchoTool", "FakeSandbox", "MemoryStore", "ScriptedPolicy"]
+
+
+class ScriptedPolicy:
+    """Returns canned turns in order (cycling), each with fixed per-token log-probs.
+
+    ``turns`` are token-id sequences; a callable ``turns(prompt_ids) -> ids`` is accepted too. A turn ends
+    with ``FinishReason.STOP`` when its last id is in ``stop_ids``; otherwise ``LENGTH``. Turns longer than
+    ``sampling.max_new_tokens`` are cut, as a real sampler would.
+    """
+
+    def __init__(
+        self,
+        turns: Sequence[Sequence[int]] | Callable[[Sequence[int]], Sequence[int]],
+        *,
+        stop_ids: Sequence[int] = (),
+        logprob: float = -0.5,
+        version: int = 0,
+    ):
+        if not callable(turns) and not turns:
+            raise ConfigError("ScriptedPolicy needs at least one scripted turn")
+        if logprob > 0:
+            raise ConfigError(f"a log-prob must be <= 0, got {logprob}")
+        self._turns = turns
+        self._stop = frozenset(stop_ids)
+        self._logprob = logprob
+        self._version = version
+        self.calls: list[tuple[int, ...]] = []
+        """Every prompt it was asked to continue, in order."""
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def set_version(self, version: int) -> None:
+        self._version = version
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        self.calls.append(tuple(prompt_ids))
+        if callable(self._turns):
+            ids = tuple(self._turns(prompt_ids))
+        else:
+            ids = tuple(self._turns[(len(self.calls) - 1) % len(self._turns)])
+        ids = ids[: sampling.max_new_tokens]
+        finish = FinishReason.STOP if ids and ids[-1] in self._stop else FinishReason.LENGTH
+        return Generation(ids, (self._logprob,) * len(ids), finish, self._version)
+
+
+class FakeSandbox:
+    """In-process stand-in for a sandbox: persistent globals, captured stdout/stderr, notebook-style value.
+
+    It enforces nothing (no isolation, no timeout, no memory limit). It exists so tool plumbing can be
+    tested without processes; never give it model-written code you would not run yourself.
+    """
+
+    def __init__(self, limits: Limits | None = None):
+        self.limits = limits or Limits()
+        self._globals: dict[str, Any] = {}
+        self.closed = False
+        self.history: list[str] = []
+        """Code of every run, in order."""
+
+    async def run(self, code: str, *, timeout: float | None = None) -> ExecResult:
+        if self.closed:
+            return ExecResult(ExecStatus.SANDBOX_ERROR, message="sandbox is closed")
+        self.history.append(code)
+        start = time.perf_counter()
+        out, err = io.StringIO(), io.StringIO()
+        status = ExecStatus.OK
+        try:
+            tree = ast.parse(code, mode="exec")
+            last = tree.body[-1] if tree.body else None
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                if isinstance(last, ast.Expr):
+                    tree.body.pop()
+                    exec(compile(tree, "<cell>", "exec"), self._globals)
+                    value = eval(compile(ast.Expression(last.value), "<cell>", "eval"), self._globals)
+                    if value is not None:
+                        print(repr(value))
+                else:
+                    exec(compile(tree, "<cell>", "exec"), self._globals)
+        except BaseException:  # the fake mirrors a real sandbox: the code's failure is data
+            status = ExecStatus.ERROR
+            err.write(traceback.format_exc(limit=-1))
+        await asyncio.sleep(0)
+        cap = self.limits.output_bytes
+        o, e = out.getvalue(), err.getvalue()
+        return ExecResult(
+            status=status,
+            stdout=o[:cap],
+            stderr=e[:cap],
+            exit_code=None,
+            duration_s=time.perf_counter() - start,
+            truncated=len(o) > cap or len(e) > cap,
+        )
+
+    async def reset(self) -> None:
+        self._globals = {}
+
+    async def close(self) -> None:
+        self.closed = True
+        self._globals = {}
+
+    async def __aenter__(self) -> FakeSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class EchoTool:
+    """A tool named ``echo`` that returns its ``text`` argument."""
+
+    name = "echo"
+    schema: dict[str, Any] = {  # noqa: RUF012 - a constant schema
+        "type": "function",
+        "function": {
+            "name": "echo",
+            "description": "Return the text unchanged.",
+            "parameters": {
+                "type": "object",
+                "properties": {"text": {"type": "string", "description": "Text to echo."}},
+                "required": ["text"],
+            },
+        },
+    }
+
+    async def __call__(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
+        return ToolOutput(content=str(arguments["text"]))
+
+
+class MemoryStore:
+    """Keeps trajectories in a list."""
+
+    def __init__(self) -> None:
+        self.trajectories: list[Trajectory] = []
+
+    async def append(self, trajectory: Trajectory) -> None:
+        self.trajectories.append(trajectory)
+
+    def read(self) -> Iterator[Trajectory]:
+        return iter(list(self.trajectories))
+
+
+class EchoEnv(Env):
+    """Asks the model to repeat a seeded word; reward 1 for an exact repeat. One turn."""
+
+    WORDS = ("apple", "river", "cloud", "stone", "maple", "tiger", "ocean", "lemon")
+
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, dict[str, Any]]:
+        self.seed(seed)
+        self.word = self.np_random.choice(self.WORDS)
+        return (Message("user", f"Repeat exactly: {self.word}"),), {"answer": self.word}
+
+    async def step(self, action: Action) -> StepReturn:
+        reward = 1.0 if action.text.strip() == self.word else 0.0
+        return (), reward, True, False, {}

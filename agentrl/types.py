@@ -1,0 +1,506 @@
+"""Frozen records that move between pipeline stages: messages, tool calls, and the Trajectory.
+
+Shape suffixes used across agentrl: ``_B`` batch rows, ``_G`` group members, ``_T`` token positions,
+``_V`` vocabulary. A name like ``logprobs_B_T`` is a [B, T] tensor.
+
+A :class:`Trajectory` is the single source of truth for training, replay and viewing. Its token view is
+exact: ``token_ids`` are what the tokenizer produced for prompts and observations and what the policy
+*sampled* for its turns (never re-tokenized). Three aligned per-token columns go with them:
+
+* ``loss_mask``: 1 only for tokens the policy sampled; 0 for prompt, tool output and template-inserted tokens;
+* ``logprobs``: the sampler's log-probability for every sampled token, ``None`` elsewhere;
+* provenance, as contiguous :class:`Segment` runs saying where each token came from.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from agentrl.errors import ConfigError
+
+__all__ = [
+    "Action",
+    "EpisodeFailure",
+    "Message",
+    "Segment",
+    "StopReason",
+    "TokenSource",
+    "ToolCall",
+    "ToolRecord",
+    "ToolStatus",
+    "Trajectory",
+    "TrajectoryMeta",
+]
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call in the OpenAI chat format (``type`` is always ``"function"``)."""
+
+    id: str
+    """Call id; the tool's reply carries it as ``tool_call_id``."""
+    name: str
+    """The function name the model asked for."""
+    arguments: str
+    """The arguments as the JSON string the model wrote (kept verbatim, even when it is not valid JSON)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """OpenAI wire format."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ToolCall:
+        """Parse the OpenAI wire format."""
+        try:
+            fn = d["function"]
+            return cls(id=str(d["id"]), name=str(fn["name"]), arguments=str(fn["arguments"]))
+        except (KeyError, TypeError) as e:
+            raise ConfigError(f"tool call needs id and function.name/arguments, got {d!r}") from e
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One chat message in the OpenAI format."""
+
+    role: str
+    """One of ``system``, ``user``, ``assistant``, ``tool``."""
+    content: str
+    """The text content."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """Tool calls made by an assistant message."""
+    tool_call_id: str | None = None
+    """For ``tool`` messages: the id of the call this answers."""
+    name: str | None = None
+    """For ``tool`` messages: the tool's name."""
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ConfigError(f"message role must be one of {ROLES}, got {self.role!r}")
+        if not isinstance(self.content, str):
+            raise ConfigError(f"message content must be a str, got {type(self.content).__name__}")
+        if self.tool_calls and self.role != "assistant":
+            raise ConfigError(f"only assistant messages carry tool_calls (role={self.role!r})")
+
+    def to_dict(self) -> dict[str, Any]:
+        """OpenAI wire format (keys with no value are left out)."""
+        d: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            d["tool_calls"] = [c.to_dict() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            d["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            d["name"] = self.name
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Message:
+        """Parse the OpenAI wire format."""
+        if not isinstance(d, Mapping) or "role" not in d:
+            raise ConfigError(f"a message needs at least a role, got {d!r}")
+        content = d.get("content")
+        return cls(
+            role=str(d["role"]),
+            content="" if content is None else content,
+            tool_calls=tuple(ToolCall.from_dict(c) for c in d.get("tool_calls") or ()),
+            tool_call_id=d.get("tool_call_id"),
+            name=d.get("name"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """The model's turn, as handed to :meth:`agentrl.Env.step`."""
+
+    text: str
+    """The decoded text of the sampled tokens (without the end-of-turn token)."""
+    token_ids: tuple[int, ...] = ()
+    """The sampled token ids, for environments that want them (most only read ``text``)."""
+
+
+class ToolStatus(StrEnum):
+    """How one tool call ended."""
+
+    OK = "ok"
+    """The tool ran and returned output."""
+    ERROR = "error"
+    """The tool ran and failed (exception, code raised, non-zero exit); the model sees the error."""
+    TIMEOUT = "timeout"
+    """The tool hit its time limit."""
+    OOM = "oom"
+    """The tool hit its memory limit."""
+    OUTPUT_LIMIT = "output_limit"
+    """The tool wrote more output than allowed and was stopped."""
+    KILLED = "killed"
+    """Killed by another resource limit."""
+    PARSE_ERROR = "parse_error"
+    """The call itself could not be parsed (bad JSON, missing name)."""
+    UNKNOWN_TOOL = "unknown_tool"
+    """The model named a tool the environment does not have."""
+    BAD_ARGUMENTS = "bad_arguments"
+    """The arguments did not fit the tool's signature."""
+    SANDBOX_ERROR = "sandbox_error"
+    """Infrastructure failure: the sandbox could not run the call. Marks the episode as an infra failure."""
+
+    @property
+    def is_infra(self) -> bool:
+        """True when the failure is ours, not the model's."""
+        return self is ToolStatus.SANDBOX_ERROR
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRecord:
+    """One executed (or rejected) tool call with its input, output, status and timing."""
+
+    call_id: str
+    """The call's id (matches ``ToolCall.id`` and the tool message's ``tool_call_id``)."""
+    name: str
+    """Tool name as the model wrote it."""
+    arguments: str
+    """Arguments as the model wrote them (JSON string, verbatim)."""
+    output: str
+    """What the model was shown."""
+    status: ToolStatus
+    """How the call ended."""
+    duration_s: float
+    """Wall-clock seconds spent in the tool."""
+    turn: int
+    """Index of the model turn that made the call (0-based)."""
+    detail: str = ""
+    """Extra diagnostics not shown to the model (e.g. the sandbox's own message)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "call_id": self.call_id,
+            "name": self.name,
+            "arguments": self.arguments,
+            "output": self.output,
+            "status": self.status.value,
+            "duration_s": self.duration_s,
+            "turn": self.turn,
+            "detail": self.detail,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ToolRecord:
+        return cls(
+            call_id=str(d["call_id"]),
+            name=str(d["name"]),
+            arguments=str(d["arguments"]),
+            output=str(d["output"]),
+            status=ToolStatus(d["status"]),
+            duration_s=float(d["duration_s"]),
+            turn=int(d["turn"]),
+            detail=str(d.get("detail", "")),
+        )
+
+
+class TokenSource(StrEnum):
+    """Where a token came from. Only ``MODEL`` tokens are trained on."""
+
+    PROMPT = "prompt"
+    """The initial prompt (system, user, few-shot turns) as rendered by the chat template."""
+    MODEL = "model"
+    """Sampled by the policy."""
+    OBSERVATION = "observation"
+    """Rendered from environment/tool messages after a model turn."""
+    TEMPLATE = "template"
+    """Inserted by the chat template around turns but never sampled (e.g. a newline after end-of-turn)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A contiguous run ``[start, end)`` of tokens sharing one source, turn and message."""
+
+    source: TokenSource
+    """Where these tokens came from."""
+    start: int
+    """First token index (inclusive)."""
+    end: int
+    """Last token index (exclusive)."""
+    turn: int
+    """Model turn this run belongs to: -1 for the initial prompt, k for model turn k and what follows it."""
+    message_index: int | None = None
+    """Index into ``Trajectory.messages`` of the message these tokens render, if any."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source.value,
+            "start": self.start,
+            "end": self.end,
+            "turn": self.turn,
+            "message_index": self.message_index,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Segment:
+        mi = d.get("message_index")
+        return cls(
+            source=TokenSource(d["source"]),
+            start=int(d["start"]),
+            end=int(d["end"]),
+            turn=int(d["turn"]),
+            message_index=None if mi is None else int(mi),
+        )
+
+
+class StopReason(StrEnum):
+    """Why an episode ended. ``terminated``/``truncated`` say *how*; this says *why*."""
+
+    TERMINATED = "terminated"
+    """The environment ended the task (answered, solved, failed for good). ``terminated=True``."""
+    MAX_TURNS = "max_turns"
+    """The turn limit was hit. ``truncated=True``."""
+    MAX_TOKENS = "max_tokens"
+    """The total token budget (context) was hit. ``truncated=True``."""
+    TURN_TOKENS = "turn_tokens"
+    """A single model turn hit its token limit without ending. ``truncated=True``."""
+    ENV_TRUNCATED = "env_truncated"
+    """The environment itself reported a truncation (its own limit). ``truncated=True``."""
+    TEMPLATE_MISMATCH = "template_mismatch"
+    """The chat template was not append-only and the rollout was configured to stop. ``truncated=True``."""
+    ENV_ERROR = "env_error"
+    """The environment raised. Recorded; ``infra_failure`` is set."""
+    POLICY_ERROR = "policy_error"
+    """Generation failed. Recorded; ``infra_failure`` is set."""
+    SANDBOX_ERROR = "sandbox_error"
+    """The sandbox failed under a tool call. Recorded; ``infra_failure`` is set."""
+    CANCELLED = "cancelled"
+    """The rollout was cancelled (shutdown). ``infra_failure`` is set."""
+
+    @property
+    def is_infra(self) -> bool:
+        """True for stop reasons that make the episode unusable for training."""
+        return self in _INFRA_STOPS
+
+
+_INFRA_STOPS = frozenset(
+    {StopReason.ENV_ERROR, StopReason.POLICY_ERROR, StopReason.SANDBOX_ERROR, StopReason.CANCELLED}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeFailure:
+    """An error that happened during an episode, kept as data on the trajectory."""
+
+    kind: str
+    """Exception class name (or a short tag such as ``template_mismatch``)."""
+    message: str
+    """What went wrong."""
+    turn: int
+    """Model turn during which it happened (-1: during reset)."""
+    infra: bool
+    """True when the machinery failed (the episode must not be trained on)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "turn": self.turn, "infra": self.infra}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EpisodeFailure:
+        return cls(str(d["kind"]), str(d["message"]), int(d["turn"]), bool(d["infra"]))
+
+
+JSONScalar = str | int | float | bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryMeta:
+    """Identity of an episode: what produced it and how to reproduce it."""
+
+    env_id: str = ""
+    """Registered id of the environment."""
+    seed: int | None = None
+    """Seed passed to ``reset``."""
+    task_id: str = ""
+    """Identifier of the task/problem (shared by the members of a group)."""
+    group_id: str = ""
+    """Group this episode belongs to for credit assignment (same task, same policy version)."""
+    policy_version: int = 0
+    """Learner step whose weights sampled this episode."""
+    step: int | None = None
+    """Training step during which the episode was collected (None outside training)."""
+    episode_id: str = ""
+    """Unique id of this episode."""
+    extra: Mapping[str, JSONScalar] = field(default_factory=dict)
+    """Small scalar annotations (difficulty, split, answer) — JSON scalars only."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "env_id": self.env_id,
+            "seed": self.seed,
+            "task_id": self.task_id,
+            "group_id": self.group_id,
+            "policy_version": self.policy_version,
+            "step": self.step,
+            "episode_id": self.episode_id,
+            "extra": dict(self.extra),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TrajectoryMeta:
+        return cls(
+            env_id=str(d.get("env_id", "")),
+            seed=d.get("seed"),
+            task_id=str(d.get("task_id", "")),
+            group_id=str(d.get("group_id", "")),
+            policy_version=int(d.get("policy_version", 0)),
+            step=d.get("step"),
+            episode_id=str(d.get("episode_id", "")),
+            extra=dict(d.get("extra") or {}),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Trajectory:
+    """One whole episode: exact tokens, loss mask, sampler log-probs, provenance, messages and tool calls.
+
+    Invariants (checked by :meth:`validate`, and in depth by the token audit in ``agentrl.audit``):
+    ``token_ids``, ``loss_mask`` and ``logprobs`` have the same length; ``logprobs[i]`` is a finite float
+    exactly where ``loss_mask[i] == 1`` and ``None`` elsewhere; segments tile ``[0, len)`` in order and
+    ``loss_mask`` is 1 exactly on ``MODEL`` segments.
+    """
+
+    token_ids: tuple[int, ...]
+    """Every token of the episode in order: prompt, model turns, observations, template separators."""
+    loss_mask: tuple[int, ...]
+    """1 for tokens the policy sampled, 0 for everything else."""
+    logprobs: tuple[float | None, ...]
+    """Sampler log-prob of each sampled token; ``None`` where ``loss_mask`` is 0."""
+    segments: tuple[Segment, ...]
+    """Provenance: contiguous runs tiling the token sequence."""
+    messages: tuple[Message, ...]
+    """The conversation in OpenAI format: prompt messages, assistant turns (with parsed tool calls), tool
+    and environment replies."""
+    tool_calls: tuple[ToolRecord, ...] = ()
+    """Every tool call of the episode with input, output, status and duration."""
+    rewards: tuple[float, ...] = ()
+    """Reward returned by each ``step`` (one per model turn)."""
+    terminated: bool = False
+    """The environment ended the task (Gymnasium semantics)."""
+    truncated: bool = False
+    """A limit cut the episode short (Gymnasium semantics)."""
+    stop_reason: StopReason = StopReason.TERMINATED
+    """Why the episode ended."""
+    errors: tuple[EpisodeFailure, ...] = ()
+    """Failures recorded during the episode."""
+    meta: TrajectoryMeta = field(default_factory=TrajectoryMeta)
+    """Identity and provenance of the episode."""
+    timings: Mapping[str, float] = field(default_factory=dict)
+    """Seconds spent per phase (``generate``, ``env``, ``tools``, ``total``)."""
+
+    # ----------------------------------------------------------------------------------------------
+    @property
+    def reward(self) -> float:
+        """Total episode reward (sum of per-step rewards)."""
+        return float(math.fsum(self.rewards))
+
+    @property
+    def infra_failure(self) -> bool:
+        """True when the machinery failed during the episode; such episodes must not be trained on."""
+        return self.stop_reason.is_infra or any(e.infra for e in self.errors)
+
+    @property
+    def num_model_tokens(self) -> int:
+        """Tokens the policy sampled (the response length; tool tokens are not counted)."""
+        return sum(self.loss_mask)
+
+    @property
+    def num_turns(self) -> int:
+        """Number of model turns."""
+        return sum(1 for s in self.segments if s.source is TokenSource.MODEL)
+
+    def sources(self) -> list[TokenSource]:
+        """Per-token provenance, expanded from the segments."""
+        out: list[TokenSource] = []
+        for s in self.segments:
+            out.extend([s.source] * (s.end - s.start))
+        return out
+
+    def validate(self) -> None:
+        """Check the cheap structural invariants; raise :class:`agentrl.errors.AuditError` if broken."""
+        from agentrl.errors import AuditError
+
+        n = len(self.token_ids)
+        if len(self.loss_mask) != n or len(self.logprobs) != n:
+            raise AuditError(
+                f"length mismatch: {n} token ids, {len(self.loss_mask)} mask entries, "
+                f"{len(self.logprobs)} log-probs"
+            )
+        pos = 0
+        for k, s in enumerate(self.segments):
+            if s.start != pos or s.end < s.start:
+                raise AuditError(f"segment {k} covers [{s.start}, {s.end}) but the next token is {pos}")
+            want = 1 if s.source is TokenSource.MODEL else 0
+            for i in range(s.start, s.end):
+                if self.loss_mask[i] != want:
+                    raise AuditError(
+                        f"token {i} ({s.source.value} segment {k}) has loss_mask {self.loss_mask[i]}"
+                    )
+                lp = self.logprobs[i]
+                if want and (lp is None or not math.isfinite(lp) or lp > 1e-6):
+                    raise AuditError(f"token {i} is sampled but its log-prob is {lp!r}")
+                if not want and lp is not None:
+                    raise AuditError(f"token {i} ({s.source.value}) is not sampled but has a log-prob")
+            pos = s.end
+        if pos != n:
+            raise AuditError(f"segments cover {pos} of {n} tokens")
+
+    # ----------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (the store adds ``schema_version``)."""
+        return {
+            "token_ids": list(self.token_ids),
+            "loss_mask": list(self.loss_mask),
+            "logprobs": list(self.logprobs),
+            "segments": [s.to_dict() for s in self.segments],
+            "messages": [m.to_dict() for m in self.messages],
+            "tool_calls": [t.to_dict() for t in self.tool_calls],
+            "reward": self.reward,
+            "rewards": list(self.rewards),
+            "group_id": self.meta.group_id,
+            "terminated": self.terminated,
+            "truncated": self.truncated,
+            "stop_reason": self.stop_reason.value,
+            "infra_failure": self.infra_failure,
+            "errors": [e.to_dict() for e in self.errors],
+            "meta": self.meta.to_dict(),
+            "timings": dict(self.timings),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Trajectory:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            token_ids=tuple(int(t) for t in d["token_ids"]),
+            loss_mask=tuple(int(m) for m in d["loss_mask"]),
+            logprobs=tuple(None if lp is None else float(lp) for lp in d["logprobs"]),
+            segments=tuple(Segment.from_dict(s) for s in d["segments"]),
+            messages=tuple(Message.from_dict(m) for m in d["messages"]),
+            tool_calls=tuple(ToolRecord.from_dict(t) for t in d.get("tool_calls", ())),
+            rewards=tuple(float(r) for r in d.get("rewards", (d.get("reward", 0.0),))),
+            terminated=bool(d["terminated"]),
+            truncated=bool(d["truncated"]),
+            stop_reason=StopReason(d.get("stop_reason", StopReason.TERMINATED.value)),
+            errors=tuple(EpisodeFailure.from_dict(e) for e in d.get("errors", ())),
+            meta=TrajectoryMeta.from_dict(d.get("meta") or {"group_id": d.get("group_id", "")}),
+            timings={str(k): float(v) for k, v in (d.get("timings") or {}).items()},
+        )
+
+    def to_json(self) -> str:
+        """One compact JSON line."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False)
+
+
+def messages_from(seq: Sequence[Message | Mapping[str, Any]]) -> tuple[Message, ...]:
+    """Accept messages as :class:`Message` or OpenAI dicts."""
+    return tuple(m if isinstance(m, Message) else Message.from_dict(m) for m in seq)

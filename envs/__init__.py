@@ -1,0 +1,10 @@
+"""agentrl's own environments (installed as ``agentrl.envs``); importing this module registers them.
+
+Loaded automatically through the ``agentrl.envs`` entry point, so ``agentrl.make(id)`` and
+``gymnasium.make("agentrl/<id>")`` work after ``import agentrl``.
+"""
+
+from agentrl import register
+
+register("guess-number-v0", "agentrl.envs.guess_number:GuessNumberEnv")
+register("exact-answer-v0", "agentrl.envs.exact_answer:ExactAnswerEnv")
