@@ -81,6 +81,6 @@ __all__ = [
 ]
 
 # Register plug-in environments (agentrl.envs and third-party packages) so that gymnasium.make sees them.
-from agentrl.registry import load_plugins as _load_plugins  # noqa: E402
+from agentrl.registry import load_plugins as _load_plugins
 
 _load_plugins()

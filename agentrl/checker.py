@@ -42,7 +42,7 @@ async def acheck_env(env: Env, *, max_steps: int = 64, seed: int = 1234) -> None
         raise EnvContractError(f"check_env needs an agentrl.Env, got {type(env).__name__}")
     name = type(env).__name__
 
-    obs1, info = await _reset(env, seed)
+    obs1, _ = await _reset(env, seed)
     obs2, _ = await _reset(env, seed)
     if obs1 != obs2:
         raise EnvContractError(f"{name}.reset(seed={seed}) gave different observations twice")

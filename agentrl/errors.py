@@ -4,12 +4,12 @@ Every exception agentrl raises derives from :class:`AgentRLError`. Where a built
 meaning, the class also derives from it, so existing ``except ValueError`` clauses keep working::
 
     AgentRLError
-    ├── ConfigError (ValueError)            bad argument, config value or combination; raised before work starts
+    ├── ConfigError (ValueError)            bad argument, config value or combination (raised up front)
     ├── EnvNotFoundError (KeyError)         agentrl.make() with an id nobody registered
     ├── EnvContractError (TypeError)        an Env broke the contract (wrong return shape, step after the end)
     ├── EpisodeError                        something went wrong *inside* an episode; becomes data on the
     │   │                                   Trajectory (errors + stop reason), the episode is still recorded
-    │   ├── ToolCallError                   the model's tool call was unusable (bad JSON, unknown tool, bad args)
+    │   ├── ToolCallError                   the model's tool call was unusable (bad JSON, unknown tool, args)
     │   └── TemplateError                   the chat template is not append-only for this conversation
     ├── InfraError                          the machinery failed, not the model; never scored as reward 0:
     │   │                                   trajectories carrying one are marked ``infra_failure`` and dropped

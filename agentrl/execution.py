@@ -113,7 +113,7 @@ class ExecResult:
     truncated: bool = False
     """True when ``stdout`` or ``stderr`` was cut to the output cap."""
     state_lost: bool = False
-    """True when a stateful session had to be restarted (after a timeout, OOM or crash): variables are gone."""
+    """True when a stateful session was restarted (after a timeout, OOM or crash): variables are gone."""
     message: str = ""
     """A human-readable note from the sandbox (why it was killed, why it failed to start)."""
 

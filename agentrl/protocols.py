@@ -79,9 +79,7 @@ class Generation:
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
-            raise ConfigError(
-                f"Generation has {len(self.token_ids)} ids but {len(self.logprobs)} log-probs"
-            )
+            raise ConfigError(f"Generation has {len(self.token_ids)} ids but {len(self.logprobs)} log-probs")
 
 
 @runtime_checkable

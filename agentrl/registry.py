@@ -96,8 +96,10 @@ def load_plugins() -> None:
             try:
                 ep.load()
             except Exception as e:  # a broken third-party plug-in must not break agentrl itself
-                warnings.warn(f"agentrl: env plug-in {ep.name!r} ({ep.value}) failed to load: {e!r}",
-                              stacklevel=2)
+                warnings.warn(
+                    f"agentrl: env plug-in {ep.name!r} ({ep.value}) failed to load: {e!r}",
+                    stacklevel=2,
+                )
         _plugins_loaded = True
     finally:
         _plugins_loading = False
@@ -125,7 +127,8 @@ def _resolve(entry_point: EntryPoint) -> Callable[..., Env]:
         return entry_point
     module_name, attr = entry_point.split(":")
     try:
-        return getattr(importlib.import_module(module_name), attr)  # type: ignore[no-any-return]
+        factory: Callable[..., Env] = getattr(importlib.import_module(module_name), attr)
+        return factory
     except (ImportError, AttributeError) as e:
         raise ConfigError(f"cannot load env entry point {entry_point!r}: {e}") from e
 

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from agentrl.errors import SchemaError, StoreError
 from agentrl.types import Trajectory
@@ -63,9 +64,9 @@ class JsonlStore:
         self.path = Path(path)
         self.fsync = fsync
         self._lock = threading.Lock()
-        self._fh = None  # opened lazily so a read-only user never creates the file
+        self._fh: TextIO | None = None  # opened lazily so a read-only user never creates the file
 
-    def _open(self):  # type: ignore[no-untyped-def]
+    def _open(self) -> TextIO:
         if self._fh is None:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
