@@ -152,6 +152,15 @@ def add_config_arguments(
             metavar=getattr(leaf, "__name__", "VALUE").upper(),
             help=help_text.replace("%", "%%"),
         )
+        if leaf is bool:
+            parser.add_argument(
+                f"--no-{path.replace('_', '-')}",
+                dest=path,
+                action="store_const",
+                const="false",
+                default=argparse.SUPPRESS,
+                help=f"same as --{path} false",
+            )
 
 
 def config_from_args(cls: type[C], ns: argparse.Namespace, base: C | None = None) -> C:

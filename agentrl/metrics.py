@@ -95,7 +95,11 @@ PLOT_GROUPS: dict[str, tuple[str, ...]] = {
     "lengths": ("tokens/model_per_episode", "tokens/observation_per_episode"),
     "tools": ("tools/calls_per_episode", "tools/errors_per_episode"),
     "grad_norm": ("learn/grad_norm",),
-    "variance": ("variance/signal", "variance/noise", "variance/total"),
+    "variance": (
+        "variance/proxy1_signal_strength",
+        "variance/proxy2_total_power",
+        "variance/proxy3_pure_noise",
+    ),
     "time": ("time/rollout_s", "time/learn_s"),
 }
 """One PNG per group; a metric missing from the run is skipped."""

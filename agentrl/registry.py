@@ -27,7 +27,7 @@ from agentrl.env import Env
 from agentrl.errors import ConfigError, EnvContractError, EnvNotFoundError
 from agentrl.types import Action, Message
 
-__all__ = ["EnvSpec", "GymnasiumEnv", "list_envs", "load_plugins", "make", "register", "spec"]
+__all__ = ["EnvSpec", "GymnasiumEnv", "entry_point", "list_envs", "load_plugins", "make", "register", "spec"]
 
 _ID_RE = re.compile(r"^[A-Za-z][\w.:-]*-v\d+$")
 _REGISTRY: dict[str, EnvSpec] = {}
@@ -131,6 +131,11 @@ def _resolve(entry_point: EntryPoint) -> Callable[..., Env]:
         return factory
     except (ImportError, AttributeError) as e:
         raise ConfigError(f"cannot load env entry point {entry_point!r}: {e}") from e
+
+
+def entry_point(id: str) -> Callable[..., Env]:
+    """The class or factory registered under ``id``, imported (to inspect what ``make`` would build)."""
+    return _resolve(spec(id).entry_point)
 
 
 def make(id: str, **kwargs: Any) -> Env:

