@@ -383,6 +383,8 @@ class Trajectory:
     and environment replies."""
     tool_calls: tuple[ToolRecord, ...] = ()
     """Every tool call of the episode with input, output, status and duration."""
+    actions: tuple[str, ...] = ()
+    """The exact text of each model turn as handed to ``Env.step`` (replay feeds these back)."""
     rewards: tuple[float, ...] = ()
     """Reward returned by each ``step`` (one per model turn)."""
     terminated: bool = False
@@ -465,6 +467,7 @@ class Trajectory:
             "segments": [s.to_dict() for s in self.segments],
             "messages": [m.to_dict() for m in self.messages],
             "tool_calls": [t.to_dict() for t in self.tool_calls],
+            "actions": list(self.actions),
             "reward": self.reward,
             "rewards": list(self.rewards),
             "group_id": self.meta.group_id,
@@ -487,6 +490,7 @@ class Trajectory:
             segments=tuple(Segment.from_dict(s) for s in d["segments"]),
             messages=tuple(Message.from_dict(m) for m in d["messages"]),
             tool_calls=tuple(ToolRecord.from_dict(t) for t in d.get("tool_calls", ())),
+            actions=tuple(str(a) for a in d.get("actions", ())),
             rewards=tuple(float(r) for r in d.get("rewards", (d.get("reward", 0.0),))),
             terminated=bool(d["terminated"]),
             truncated=bool(d["truncated"]),

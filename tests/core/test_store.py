@@ -42,6 +42,7 @@ def tool_trajectory(reward: float = 1.0, group: str = "g0") -> Trajectory:
             Message("assistant", "Answer: 42"),
         ),
         tool_calls=(ToolRecord("call_0", "python", call.arguments, "42\n", ToolStatus.OK, 0.0021, 0),),
+        actions=('<tool_call>{"name": "python"}</tool_call>', "Answer: 42"),
         rewards=(0.0, reward),
         terminated=True,
         truncated=False,
