@@ -46,6 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("run", help="run directory")
     plot.add_argument("--out", default=None, help="folder for the PNGs (default <run>/plots)")
 
+    try:  # TEMPORARY until trainers/replay.py lands
+        from agentrl.trainers import replay
+
+        replay.add_parser(sub)
+    except ImportError:
+        pass
+
     sub.add_parser("envs", help="list registered environments")
     return parser
 
@@ -95,6 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for p in plot_run(ns.run, ns.out):
                 print(p)
             return 0
+        if ns.command == "replay":
+            from agentrl.trainers import replay
+
+            return replay.run(ns)
         if ns.command == "envs":
             import agentrl
 

@@ -1,0 +1,177 @@
+"""`agentrl train` end to end on CPU: run directory, finite metrics, resume, kill -9, signals, CLI errors."""
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentrl import read_trajectories
+from agentrl.config import config_from_dict
+from agentrl.errors import ConfigError
+from agentrl.metrics import read_metrics
+from agentrl.trainers.cli import main as cli_main
+from agentrl.trainers.pg import TrainConfig, prepare_run, task_seeds
+
+AGENTRL = [sys.executable, "-m", "agentrl.trainers"]
+TINY = ["--model", "tiny", "--group-size", "2", "--groups-per-step", "2",
+        "--rollout.max-new-tokens", "24", "--no-progress"]
+
+
+def run_cli(args, **kw):
+    return subprocess.run([*AGENTRL, *args], capture_output=True, text=True, timeout=600, **kw)
+
+
+def steps_of(run):
+    return [r["step"] for r in read_metrics(run)]
+
+
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("runs") / "r"
+    out = run_cli(["train", *TINY, "--steps", "2", "--out", str(run)])
+    assert out.returncode == 0, out.stderr[-3000:]
+    return run, out
+
+
+def test_run_directory_and_finite_metrics(two_step_run):
+    run, out = two_step_run
+    assert "step 0:" in out.stdout and "step 1:" in out.stdout
+    assert {p.name for p in run.iterdir()} >= {"config.json", "trajectories.jsonl", "metrics.jsonl", "checkpoints"}
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["model"] == "tiny" and cfg["estimator"] == "otb" and cfg["group_size"] == 2
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [0, 1]
+    for r in rows:
+        for key in ("reward/mean", "learn/loss", "learn/grad_norm", "tokens/model_per_episode",
+                    "variance/proxy2_total_power", "time/rollout_s", "time/learn_s"):
+            assert isinstance(r[key], float) and math.isfinite(r[key]), (key, r[key])
+    trajs = list(read_trajectories(run))
+    assert len(trajs) == 8 and all(not t.infra_failure for t in trajs)
+    for t in trajs:
+        t.validate()
+        assert t.meta.env_id == "math-tir-v0" and t.meta.step in (0, 1)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
+
+
+def test_resume_continues_at_step_3_with_the_same_data(two_step_run, tmp_path):
+    run, _ = two_step_run
+    out = run_cli(["train", "--resume", str(run), "--steps", "3", "--no-progress"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "resumed" in out.stdout and "step 2:" in out.stdout and "step 0:" not in out.stdout
+    assert steps_of(run) == [0, 1, 2]
+    # The data order is a function of (seed, step): a fresh 3-step run sees the same tasks at step 2.
+    fresh = tmp_path / "fresh"
+    out = run_cli(["train", *TINY, "--steps", "3", "--out", str(fresh)])
+    assert out.returncode == 0, out.stderr[-3000:]
+
+    def tasks(r, step):
+        return sorted({t.meta.task_id for t in read_trajectories(r) if t.meta.step == step})
+
+    assert tasks(run, 2) == tasks(fresh, 2) == sorted(f"math-tir-v0:{s}" for s in task_seeds(0, 2, 2))
+
+
+def test_resume_refuses_to_change_the_experiment(two_step_run):
+    run, _ = two_step_run
+    saved = config_from_dict(TrainConfig, json.loads((run / "config.json").read_text()))
+    with pytest.raises(ConfigError, match=r"cannot change \['estimator'\]"):
+        prepare_run(dataclasses.replace(saved, estimator="grpo", resume=str(run)))
+
+
+def _wait_for(predicate, timeout=240):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _lines(path):
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.slow
+def test_kill_9_mid_step_then_resume_loses_nothing(tmp_path):
+    run = tmp_path / "killed"
+    args = ["train", *TINY, "--groups-per-step", "4", "--rollout.max-new-tokens", "48", "--steps", "3",
+            "--out", str(run)]
+    proc = subprocess.Popen([*AGENTRL, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    traj_file = run / "trajectories.jsonl"
+    # Kill once step 1 has finished at least one episode but before its update.
+    assert _wait_for(lambda: any('"step":1' in line for line in _lines(traj_file))), "step 1 never started"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = _lines(traj_file)
+    assert any('"step":1' in line for line in before)
+    assert steps_of(run) == [0]
+
+    out = run_cli(["train", "--resume", str(run), "--no-progress"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    after = _lines(traj_file)
+    assert after[: len(before)] == before  # nothing completed before the kill was lost or rewritten
+    assert steps_of(run) == [0, 1, 2]  # no step twice
+    step1 = [t for t in read_trajectories(run) if t.meta.step == 1]
+    counts: dict[str, int] = {}
+    for line in before:
+        rec = json.loads(line)
+        if rec["meta"]["step"] == 1:
+            counts[rec["group_id"]] = counts.get(rec["group_id"], 0) + 1
+    complete_before = [g for g, n in counts.items() if n == 2]
+    # Complete groups from before the kill were reused, not sampled again.
+    assert read_metrics(run)[1]["episodes/reused"] == 2 * len(complete_before)
+    assert len({t.meta.task_id for t in step1}) == 4
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_and_exits(tmp_path):
+    run = tmp_path / "termed"
+    proc = subprocess.Popen([*AGENTRL, "train", *TINY, "--steps", "5", "--out", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    traj_file = run / "trajectories.jsonl"
+    assert _wait_for(lambda: any('"step":1' in line for line in _lines(traj_file)))
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "resume with" in stdout
+    ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert ckpts[-1] in ("step-000001", "step-000002")
+
+
+def test_cli_rejects_bad_settings(capsys, tmp_path):
+    assert cli_main(["train", "--model", "tiny", "--group-size", "0", "--out", str(tmp_path / "x")]) == 2
+    assert "--group-size must be a positive integer" in capsys.readouterr().err
+    assert cli_main(["train", "--model", "tiny", "--rollout.temperature", "0.7", "--out", str(tmp_path / "y")]) == 2
+    assert "differ" in capsys.readouterr().err
+    assert cli_main(["train", "--model", str(tmp_path), "--out", str(tmp_path / "z")]) == 2
+    assert "not a Hugging Face model folder" in capsys.readouterr().err
+    assert cli_main(["train", "--resume", str(tmp_path / "nope")]) == 2
+    assert "no config.json" in capsys.readouterr().err
+    assert cli_main(["train", "--estimator", "ppo"]) == 2
+    assert "expected one of ['otb', 'grpo', 'rloo', 'opo', 'none']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["train", "--no-such-flag"])
+
+
+def test_help_documents_every_setting(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["train", "--help"])
+    text = capsys.readouterr().out
+    for flag in ("--model", "--env", "--estimator", "--group-size", "--steps", "--out", "--resume", "--seed",
+                 "--device", "--learner.lr", "--rollout.max-new-tokens"):
+        assert flag in text
+    assert "{otb,grpo,rloo,opo,none}" in text
+
+
+def test_plot_and_envs_commands(two_step_run, capsys):
+    run, _ = two_step_run
+    assert cli_main(["plot", str(run)]) == 0
+    assert (Path(run) / "plots" / "reward.png").exists()
+    assert cli_main(["envs"]) == 0
+    assert "math-tir-v0" in capsys.readouterr().out

@@ -1,0 +1,7 @@
+"""``python -m agentrl.trainers``: the same as the ``agentrl`` command."""
+
+import sys
+
+from agentrl.trainers.cli import main
+
+sys.exit(main())
