@@ -144,7 +144,7 @@ class HFPolicy:
                     self.generate_batch_sync,
                     [r.prompt_ids for r in batch],
                     [r.sampling for r in batch],
-                    should_stop=lambda: all(r.future.done() for r in batch),
+                    should_stop=lambda batch=batch: all(r.future.done() for r in batch),
                 )
             except asyncio.CancelledError:
                 for r in batch:
