@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -144,7 +145,7 @@ class HFPolicy:
                     self.generate_batch_sync,
                     [r.prompt_ids for r in batch],
                     [r.sampling for r in batch],
-                    should_stop=lambda batch=batch: all(r.future.done() for r in batch),
+                    should_stop=functools.partial(_all_done, batch),
                 )
             except asyncio.CancelledError:
                 for r in batch:
@@ -260,6 +261,10 @@ class HFPolicy:
             Generation(tuple(out_ids[i]), tuple(out_lps[i]), finish[i] or FinishReason.LENGTH, version)
             for i in range(B)
         ]
+
+
+def _all_done(batch: Sequence[_Request]) -> bool:
+    return all(r.future.done() for r in batch)
 
 
 def _nucleus(logp_V: Any, top_p: float) -> Any:
