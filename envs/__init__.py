@@ -8,3 +8,6 @@ from agentrl import register
 
 register("guess-number-v0", "agentrl.envs.guess_number:GuessNumberEnv")
 register("exact-answer-v0", "agentrl.envs.exact_answer:ExactAnswerEnv")
+register("math-tir-v0", "agentrl.envs.math_tir:MathTIREnv")
+register("calculator-v0", "agentrl.envs.calculator:CalculatorEnv")
+register("shop-v0", "agentrl.envs.shop:ShopEnv")

@@ -1,0 +1,287 @@
+"""``ToolEnv``: the base class for environments in which the model calls tools.
+
+A subclass says what the task is and how to score the final answer; the base class does the rest::
+
+    class Arithmetic(ToolEnv):
+        def __init__(self, **kwargs):
+            super().__init__(tools=[calculator], parser="hermes", **kwargs)
+
+        def make_task(self, options):
+            a, b = self.np_random.randint(10**6, 10**7), self.np_random.randint(10**6, 10**7)
+            return Task(prompt=f"What is {a} * {b}? End with 'Answer: <n>'.", answer=a * b)
+
+Per episode: ``reset`` builds the prompt (system prompt + the parser's tool instructions, optional worked
+example turns, the task) and a fresh tool context. Each ``step`` parses the model's turn with the parser; a
+turn with tool calls runs them (:class:`~agentrl.tools.ToolExecutor`) and returns one ``tool`` message per
+call, a turn without calls is final and goes to :meth:`ToolEnv.on_final` (default: :meth:`ToolEnv.score`,
+then ``terminated``). ``info`` carries the parsed assistant message (with ``tool_calls``) and the tool
+records.
+Hitting ``max_turns`` ends the episode with ``truncated=True``; calls made on that last turn are not run.
+
+Sandbox: when a tool needs one (``needs_sandbox = True``, like the python tool), each episode gets its own
+session, opened lazily on the first run (an episode that never runs code costs nothing) from
+``sandbox_factory`` (default: ``agentrl.sandbox.LocalSandbox``) or ``sandbox_pool``, and closed or released
+on the next ``reset`` and on ``close``. If the sandbox fails, the call is recorded as ``SANDBOX_ERROR`` and
+the episode ends (``truncated``); the rollout marks such episodes ``infra_failure`` so they are never scored.
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import abstractmethod
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from agentrl import (
+    INFO_ASSISTANT_MESSAGE,
+    INFO_TOOL_RECORDS,
+    Action,
+    Env,
+    ExecResult,
+    ExecStatus,
+    Limits,
+    Message,
+    Observation,
+    Sandbox,
+    StepReturn,
+    Tool,
+    ToolContext,
+    ToolRecord,
+)
+from agentrl.errors import ConfigError, EnvContractError
+from agentrl.tools import ParsedTurn, ToolCallParser, ToolExecutor, get_parser, parse_number
+
+__all__ = ["SandboxFactory", "SandboxSource", "Task", "ToolEnv"]
+
+SandboxFactory = Callable[[], "Sandbox | Awaitable[Sandbox]"]
+"""Makes one episode's sandbox (not yet entered; the env enters it on first use and exits it at the end)."""
+
+
+@runtime_checkable
+class SandboxSource(Protocol):
+    """A pool of sandbox sessions (``agentrl.sandbox.SandboxPool``): ``async with pool.acquire() as sb``
+    lends one for an episode and takes it back (reset) when the block exits."""
+
+    def acquire(self) -> AbstractAsyncContextManager[Sandbox]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One episode's task, made by :meth:`ToolEnv.make_task`."""
+
+    prompt: str | Sequence[Message]
+    """The user's question, or the messages that follow the system prompt and worked example."""
+    answer: Any = None
+    """The reference answer, for :meth:`ToolEnv.score`."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Per-episode resources for the tools (``ToolContext.extra``), e.g. a lookup table."""
+    info: Mapping[str, Any] = field(default_factory=dict)
+    """Returned as ``reset``'s info (task id, difficulty, ...)."""
+
+
+class ToolEnv(Env):
+    """An :class:`~agentrl.Env` whose model calls tools. Subclasses implement :meth:`make_task`.
+
+    Args:
+        tools: Tools or documented functions (wrapped with ``@tool``).
+        parser: A :class:`~agentrl.tools.ToolCallParser` or its name (``"hermes"``, ``"python"``).
+        system_prompt: The system message; the tool instructions replace ``{tools}`` in it, or follow it.
+        fewshot: Worked-example messages between the system message and the task.
+        max_turns: Model turns per episode; reaching it ends the episode with ``truncated=True``.
+        tool_timeout: Seconds per tool call (backstop; the python tool's sandbox limit is lower).
+        max_calls_per_turn: Calls beyond this in one turn are answered with an error, not run.
+        sandbox_factory: Makes a sandbox session per episode (default: ``agentrl.sandbox.LocalSandbox``).
+        sandbox_pool: Borrow sessions from this pool instead (``agentrl.sandbox.SandboxPool``).
+        limits: Resource limits handed to tools (the sandbox clamps them to its own maximum).
+        tools_in_prompt: Render the tool instructions into the system prompt (default). ``False`` leaves
+            them out and exposes the schemas as ``self.tools`` for a chat template that renders tools itself.
+    """
+
+    system_prompt: str = ""
+    fewshot: Sequence[Message] = ()
+
+    def __init__(
+        self,
+        tools: Iterable[Tool | Callable[..., Any]],
+        *,
+        parser: str | ToolCallParser = "hermes",
+        system_prompt: str | None = None,
+        fewshot: Sequence[Message] | None = None,
+        max_turns: int = 8,
+        tool_timeout: float | None = 30.0,
+        max_calls_per_turn: int = 8,
+        sandbox_factory: SandboxFactory | None = None,
+        sandbox_pool: SandboxSource | None = None,
+        limits: Limits | None = None,
+        tools_in_prompt: bool = True,
+    ):
+        if not isinstance(max_turns, int) or max_turns < 1:
+            raise ConfigError(f"max_turns must be a positive int, got {max_turns!r}")
+        if sandbox_factory is not None and sandbox_pool is not None:
+            raise ConfigError("give sandbox_factory or sandbox_pool, not both")
+        self.executor = ToolExecutor(tools, timeout=tool_timeout, max_calls_per_turn=max_calls_per_turn)
+        self.parser = get_parser(parser)
+        self.max_turns = max_turns
+        self.limits = limits
+        if system_prompt is not None:
+            self.system_prompt = system_prompt
+        if fewshot is not None:
+            self.fewshot = tuple(fewshot)
+        tool_list = self.executor.tool_list()
+        instructions = self.parser.format_instructions(tool_list) if tools_in_prompt and tool_list else ""
+        if "{tools}" in self.system_prompt:
+            self._system = self.system_prompt.replace("{tools}", instructions).strip()
+        else:
+            self._system = "\n\n".join(p for p in (self.system_prompt.strip(), instructions) if p)
+        if not tools_in_prompt:
+            self.tools = tuple(self.executor.schemas)  # type: ignore[misc]
+        self._needs_sandbox = any(getattr(t, "needs_sandbox", False) for t in tool_list)
+        self._factory = sandbox_factory
+        self._pool = sandbox_pool
+        self._sandbox: _EpisodeSandbox | None = None
+        self.task: Task | None = None
+        self.context = ToolContext()
+        self.turn = 0
+        self.done = True
+
+    # -- what subclasses write ------------------------------------------------------------------------
+    @abstractmethod
+    def make_task(self, options: dict[str, Any]) -> Task:
+        """The task for a new episode; draw randomness from ``self.np_random`` only (seeding)."""
+
+    def score(self, parsed: ParsedTurn) -> float:
+        """Reward for a final turn. Default: 1.0 when the stated answer equals ``task.answer`` (numbers
+        compared exactly, anything else as stripped text), else 0.0."""
+        assert self.task is not None
+        expected, answer = self.task.answer, parsed.answer
+        if answer is None or expected is None:
+            return 0.0
+        if isinstance(expected, int | float) and not isinstance(expected, bool):
+            value = parse_number(answer)
+            return float(value is not None and value == expected)
+        return float(answer.strip() == str(expected).strip())
+
+    async def on_final(self, parsed: ParsedTurn) -> tuple[Observation, float, bool, bool]:
+        """A turn without tool calls: ``(observation, reward, terminated, truncated)``. Default: score it
+        and end the episode. Override for feedback turns (return messages and ``terminated=False``)."""
+        return (), self.score(parsed), True, False
+
+    # -- the Env contract --------------------------------------------------------------------------------
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, dict[str, Any]]:
+        self.seed(seed)
+        await self._release_sandbox()
+        options = dict(options or {})
+        self.task = self.make_task(options)
+        self.turn, self.done = 0, False
+        if self._needs_sandbox:
+            self._sandbox = _EpisodeSandbox(self._session)
+        self.context = ToolContext(
+            sandbox=self._sandbox,
+            limits=self.limits,
+            episode_id=str(options.get("episode_id", "")),
+            extra=dict(self.task.extra),
+        )
+        prompt = self.task.prompt
+        task_messages = (Message("user", prompt),) if isinstance(prompt, str) else tuple(prompt)
+        system = (Message("system", self._system),) if self._system else ()
+        return (*system, *self.fewshot, *task_messages), dict(self.task.info)
+
+    async def step(self, action: Action) -> StepReturn:
+        if self.task is None or self.done:
+            raise EnvContractError(f"{type(self).__name__}.step() called before reset() or after the end")
+        turn = self.turn
+        self.turn += 1
+        parsed = self.parser.parse(action.text, id_prefix=f"call_{turn}")
+        info: dict[str, Any] = {
+            INFO_ASSISTANT_MESSAGE: Message("assistant", parsed.content, tool_calls=parsed.calls),
+            INFO_TOOL_RECORDS: (),
+        }
+        out_of_turns = self.turn >= self.max_turns
+        if not parsed.has_calls:
+            obs, reward, terminated, truncated = await self.on_final(parsed)
+            if not (terminated or truncated) and out_of_turns:
+                obs, truncated = (), True
+            self.done = terminated or truncated
+            return obs, float(reward), terminated, truncated, info
+        if out_of_turns:  # the model would never see these results
+            self.done = True
+            return (), 0.0, False, True, info
+        records = await self.executor.run(parsed, self.context, turn=turn)
+        info[INFO_TOOL_RECORDS] = records
+        if any(r.status.is_infra for r in records):
+            self.done = True
+            info["infra_error"] = next(r.detail or r.output for r in records if r.status.is_infra)
+            return (), 0.0, False, True, info
+        return self.tool_messages(records), 0.0, False, False, info
+
+    def tool_messages(self, records: Sequence[ToolRecord]) -> Observation:
+        """One ``tool`` message per record, its content wrapped by the parser."""
+        return tuple(
+            Message("tool", self.parser.format_output(r.name, r.output), tool_call_id=r.call_id, name=r.name)
+            for r in records
+        )
+
+    async def close(self) -> None:
+        await self._release_sandbox()
+        self.done = True
+
+    # -- sandbox sessions --------------------------------------------------------------------------------
+    async def _session(self) -> AbstractAsyncContextManager[Sandbox]:
+        """A context manager whose ``__aenter__`` yields this episode's session and whose ``__aexit__``
+        ends it: a borrowed pool slot, or a new sandbox (sandboxes are their own context managers)."""
+        if self._pool is not None:
+            return self._pool.acquire()
+        if self._factory is not None:
+            made = self._factory()
+            return await made if inspect.isawaitable(made) else made
+        import agentrl.sandbox as backends  # lazily: tools and envs work without a sandbox backend
+
+        return backends.LocalSandbox(limits=self.limits)
+
+    async def _release_sandbox(self) -> None:
+        sandbox, self._sandbox = self._sandbox, None
+        if sandbox is not None:
+            await sandbox.close()
+
+
+class _EpisodeSandbox:
+    """One episode's sandbox session, opened on first use. A failure to open is reported as the run's
+    ``SANDBOX_ERROR`` result rather than raised, like any other sandbox failure."""
+
+    def __init__(self, session: Callable[[], Awaitable[AbstractAsyncContextManager[Sandbox]]]):
+        self._session = session
+        self._cm: AbstractAsyncContextManager[Sandbox] | None = None
+        self._inner: Sandbox | None = None
+        self._closed = False
+
+    async def run(self, code: str, *, timeout: float | None = None) -> ExecResult:
+        if self._closed:
+            return ExecResult(ExecStatus.SANDBOX_ERROR, message="the episode's sandbox is closed")
+        if self._inner is None:
+            try:
+                cm = await self._session()
+                self._inner = await cm.__aenter__()
+                self._cm = cm
+            except Exception as e:
+                return ExecResult(ExecStatus.SANDBOX_ERROR, message=f"could not start the sandbox: {e!r}")
+        return await self._inner.run(code, timeout=timeout)
+
+    async def reset(self) -> None:
+        if self._inner is not None:
+            await self._inner.reset()
+
+    async def close(self) -> None:
+        self._closed = True
+        cm, self._cm, self._inner = self._cm, None, None
+        if cm is not None:
+            await cm.__aexit__(None, None, None)
+
+    async def __aenter__(self) -> _EpisodeSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
