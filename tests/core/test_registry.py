@@ -2,7 +2,6 @@
 
 import gymnasium
 import pytest
-from gymnasium.utils.env_checker import check_env as gym_check_env
 
 import agentrl
 from agentrl import Action, Env, Message
@@ -15,13 +14,11 @@ def test_builtin_envs_are_registered_through_the_entry_point():
     assert {"guess-number-v0", "exact-answer-v0"} <= set(ids)
 
 
-@pytest.mark.parametrize("env_id", agentrl.list_envs())
-def test_every_env_passes_both_checkers(env_id):
-    agentrl.check_env(agentrl.make(env_id))
-    env = gymnasium.make(f"agentrl/{env_id}")
-    gym_check_env(env.unwrapped)
+def test_gymnasium_observations_are_in_the_text_space():
+    # The catalogue (tests/envs/test_catalogue.py) runs both checkers over every registered id.
+    env = gymnasium.make("agentrl/exact-answer-v0")
     obs, _ = env.reset(seed=3)
-    assert env.observation_space.contains(obs)
+    assert env.observation_space.contains(obs) and '"role": "user"' in obs
     env.close()
 
 
