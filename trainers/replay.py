@@ -1,0 +1,477 @@
+"""``agentrl replay PATH``: list, show, check, re-execute, re-score, recompute and reproduce recorded runs.
+
+PATH is a run directory (made by ``agentrl train``) or a ``trajectories.jsonl``. With no mode flag the
+trajectories matching the filters are listed; the modes can be combined::
+
+    agentrl replay RUN                              # list (index, step, group, reward, stop, tools, question)
+    agentrl replay RUN --tool-status error --max-reward 0
+    agentrl replay RUN --show 7 --tokens --advantages
+    agentrl replay RUN --html run.html --advantages --recompute
+    agentrl replay RUN --show 7 --reexec --rescore  # re-run its tool calls in a fresh env, re-score
+    agentrl replay RUN --check                      # consistency of every record (mask, log-probs, tools)
+    agentrl replay RUN --recompute [--model DIR]    # training-inference mismatch
+    agentrl replay RUN --step 3                     # list step 3 and reproduce its advantages and loss
+
+Exit status: 0 when everything matched, 1 when a check, re-execution, re-score or reproduction found a
+difference (or ``--max-diff`` was exceeded), 2 on a usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agentrl import replay
+from agentrl.errors import ConfigError
+from agentrl.types import StopReason, ToolStatus, Trajectory
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``replay`` subcommand to ``agentrl``'s subparsers."""
+    p = subparsers.add_parser(
+        "replay",
+        help="list, show, check, re-execute and reproduce recorded trajectories",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("path", help="a run directory or a trajectories.jsonl file")
+    f = p.add_argument_group("filters (listing, --check, --reexec, --rescore, --recompute, --html)")
+    f.add_argument(
+        "--step", type=int, help="training step (meta.step); alone on a run dir it also reproduces it"
+    )
+    f.add_argument("--group", help="group id prefix or task id")
+    f.add_argument("--min-reward", type=float, help="total reward >= this")
+    f.add_argument("--max-reward", type=float, help="total reward <= this")
+    f.add_argument("--stop-reason", choices=sorted(s.value for s in StopReason), help="why the episode ended")
+    f.add_argument(
+        "--errors",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="only episodes with (--errors) or without (--no-errors) a failure or non-ok tool call",
+    )
+    f.add_argument(
+        "--tool-status", choices=sorted(s.value for s in ToolStatus), help="some tool call ended so"
+    )
+    f.add_argument("--grep", help="case-insensitive text in messages, tool calls and outputs, errors")
+    f.add_argument("--limit", type=int, default=None, help="list at most this many")
+    m = p.add_argument_group("modes")
+    m.add_argument("--show", type=int, metavar="K", help="render trajectory K (its index in the listing)")
+    m.add_argument("--tokens", action="store_true", help="with --show: one line per sampled token (log-prob)")
+    m.add_argument(
+        "--advantages", action="store_true", help="with --show/--html: per-token advantages (run's estimator)"
+    )
+    m.add_argument("--html", metavar="OUT", help="write one self-contained HTML page to browse the selection")
+    m.add_argument(
+        "--check", action="store_true", help="check each record's mask, log-probs, tokens and tools"
+    )
+    m.add_argument(
+        "--reexec", action="store_true", help="re-run every recorded tool call in a fresh env; diff"
+    )
+    m.add_argument("--rescore", action="store_true", help="recompute rewards with the env's checker; compare")
+    m.add_argument(
+        "--recompute", action="store_true", help="recompute log-probs and Σπ² of the recorded tokens; compare"
+    )
+    m.add_argument(
+        "--model", help="with --recompute: this model folder (default: each episode's own checkpoint)"
+    )
+    m.add_argument("--no-reproduce", action="store_true", help="with --step: only list, do not reproduce")
+    o = p.add_argument_group("options")
+    o.add_argument("--tokenizer", help="tokenizer folder (default: the run's)")
+    o.add_argument("--env-kwargs", help="JSON env arguments for --reexec/--rescore (default: the run's)")
+    o.add_argument(
+        "--concurrency", type=int, default=4, help="envs at once for --reexec/--rescore (default 4)"
+    )
+    o.add_argument("--device", default=None, help="cpu or cuda for --step/--recompute/--advantages")
+    o.add_argument(
+        "--dtype", default=None, choices=["float32", "bfloat16"], help="weights dtype (default: run's)"
+    )
+    o.add_argument("--rtol", type=float, default=1e-4, help="--step: relative tolerance (default 1e-4)")
+    o.add_argument("--atol", type=float, default=1e-6, help="--step: absolute tolerance (default 1e-6)")
+    o.add_argument(
+        "--max-diff", type=float, default=None, help="--recompute: exit 1 if a |Δ log-prob| exceeds it"
+    )
+    o.add_argument(
+        "--top", type=int, default=10, help="--recompute: largest differences to list (default 10)"
+    )
+    o.add_argument("--color", choices=["auto", "always", "never"], default="auto", help="ANSI colours")
+    o.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------------
+def _jsonable(x: Any) -> Any:
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        d = {f.name: _jsonable(getattr(x, f.name)) for f in dataclasses.fields(x)}
+        for prop in ("ok", "matches", "abs_diff"):
+            if hasattr(type(x), prop) and isinstance(getattr(type(x), prop), property):
+                d[prop] = _jsonable(getattr(x, prop))
+        return d
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and x != x:  # NaN
+        return None
+    return x
+
+
+def _color(mode: str) -> bool:
+    if mode == "always":
+        return True
+    if mode == "never":
+        return False
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+def _question(t: Trajectory) -> str:
+    n_init = min(
+        (s.message_index for s in t.segments if s.message_index is not None and s.source.value == "model"),
+        default=len(t.messages),
+    )
+    users = [m.content for m in t.messages[:n_init] if m.role == "user"]
+    q = users[-1] if users else ""
+    q = " ".join(q.split())
+    return q if len(q) <= 60 else q[:57] + "..."
+
+
+def _list_row(i: int, t: Trajectory) -> dict[str, Any]:
+    counts: dict[str, int] = {}
+    for c in t.tool_calls:
+        counts[c.status.value] = counts.get(c.status.value, 0) + 1
+    return {
+        "index": i,
+        "step": t.meta.step,
+        "group": t.meta.group_id,
+        "episode_id": t.meta.episode_id,
+        "reward": t.reward,
+        "stop_reason": t.stop_reason.value,
+        "turns": t.num_turns,
+        "model_tokens": t.num_model_tokens,
+        "tools": counts,
+        "errors": len(t.errors),
+        "question": _question(t),
+    }
+
+
+def _print_list(rows: list[dict[str, Any]], matched: int, total: int) -> None:
+    print(
+        f"{'#':>4} {'step':>4} {'group':8} {'reward':>6} {'stop':13} {'turns':>5} {'tok':>5}  "
+        f"{'tools':16} question"
+    )
+    for r in rows:
+        tools = ", ".join(f"{v} {k}" for k, v in sorted(r["tools"].items())) or "-"
+        if r["errors"]:
+            tools += f" !{r['errors']}"
+        step = "-" if r["step"] is None else r["step"]
+        print(
+            f"{r['index']:>4} {step:>4} {r['group'][:8]:8} {r['reward']:>6.2f} {r['stop_reason']:13} "
+            f"{r['turns']:>5} {r['model_tokens']:>5}  {tools:16} {r['question']}"
+        )
+    if len(rows) < matched:
+        print(f"showing {len(rows)} of {matched} matching trajectories ({total} in all)")
+    else:
+        print(f"{matched} of {total} trajectories")
+
+
+def _print_check(reports: Sequence[replay.CheckReport]) -> None:
+    bad = [r for r in reports if not r.ok]
+    for r in bad:
+        print(f"trajectory {r.index} (episode {r.episode_id}): {len(r.findings)} problem(s)")
+        for f in r.findings:
+            where = []
+            if f.token_index is not None:
+                where.append(f"token {f.token_index}")
+            if f.call_id is not None:
+                where.append(f"call {f.call_id}")
+            if f.turn is not None:
+                where.append(f"turn {f.turn}")
+            print(f"  [{f.kind}] {'@ ' + ', '.join(where) + ': ' if where else ''}{f.message}")
+    audited = sum(r.audited for r in reports)
+    print(
+        f"check: {len(reports) - len(bad)} of {len(reports)} trajectories consistent"
+        f" ({audited} with the full token audit)"
+    )
+
+
+def _indent(text: str, n: int = 6) -> str:
+    return "\n".join(" " * n + line for line in text.splitlines())
+
+
+def _print_reexec(reports: Sequence[replay.ReexecReport]) -> None:
+    decoded = sum(r.actions_source == "decoded" for r in reports)
+    if decoded:
+        print(f"note: {decoded} trajectories record no actions; replayed their decoded model turns instead")
+    for r in reports:
+        head = f"trajectory {r.index} (episode {r.episode_id[:12]}, {r.env_id} seed {r.seed})"
+        if r.error:
+            print(f"{head}: COULD NOT REPLAY: {r.error}")
+            continue
+        n = len(r.calls)
+        print(f"{head}: {n} tool call(s), {'all identical' if r.ok else 'DIFFERENT'}")
+        if not r.reset_identical:
+            print("  reset: the initial observation differs")
+            print(_indent(r.reset_diff))
+        for c in r.calls:
+            status = (
+                c.replayed_status
+                if c.verdict == "identical"
+                else f"{c.recorded_status} -> {c.replayed_status}"
+            )
+            print(f"  {c.call_id} {c.name} (turn {c.turn}): {c.verdict} [{status}]")
+            if c.diff:
+                print(_indent(c.diff))
+        for s in r.steps:
+            if s.error:
+                print(f"  turn {s.turn}: the env raised {s.error}")
+            elif not (s.observation_identical and s.assistant_identical):
+                what = "observation" if not s.observation_identical else "parsed assistant message"
+                print(f"  turn {s.turn}: the {what} differs")
+                print(_indent(s.diff))
+        if r.replayed_end != r.recorded_end and r.steps and not any(s.error for s in r.steps):
+            print(f"  end (terminated, truncated): recorded {r.recorded_end}, replayed {r.replayed_end}")
+
+
+def _print_rescore(reports: Sequence[replay.RescoreReport]) -> None:
+    ok = 0
+    for r in reports:
+        if r.error:
+            print(f"trajectory {r.index}: COULD NOT RESCORE: {r.error}")
+            continue
+        rec = ", ".join(f"{x:g}" for x in r.recorded_rewards) or "none"
+        new = ", ".join("-" if x is None else f"{x:g}" for x in r.replayed_rewards) or "none"
+        mark = "same" if r.matches else "DIFFERENT"
+        ok += r.matches
+        replayed = "-" if r.replayed_reward is None else f"{r.replayed_reward:g}"
+        print(
+            f"trajectory {r.index}: recorded {r.recorded_reward:g} ({rec}), "
+            f"rescored {replayed} ({new}): {mark}"
+        )
+    print(f"rescore: {ok} of {len(reports)} rewards reproduced")
+
+
+def _print_recompute(rep: replay.RecomputeReport) -> None:
+    print(
+        f"recomputed {rep.tokens} sampled tokens of {len(rep.trajectories)} trajectories "
+        f"(temperature {rep.temperature:g}): max |Δ log-prob| {rep.max_abs_diff:.3g}, "
+        f"mean {rep.mean_abs_diff:.3g}, mean Σπ² {rep.mean_sum_pi_squared:.3g}"
+    )
+    if rep.largest:
+        print("largest differences (recorded sampler log-prob vs recomputed):")
+        print(
+            f"  {'traj':>5} {'token':>6} {'id':>6}  {'text':16} {'recorded':>10} {'recomputed':>10} "
+            f"{'|Δ|':>9} {'Σπ²':>8}"
+        )
+        for d in rep.largest:
+            text = repr(d.text)[1:-1][:16]
+            print(
+                f"  {'-' if d.index is None else d.index:>5} {d.token_index:>6} {d.token_id:>6}  {text:16} "
+                f"{d.recorded:>10.4f} {d.recomputed:>10.4f} {d.abs_diff:>9.3g} {d.sum_pi_squared:>8.3g}"
+            )
+    weights = sorted({t.weights for t in rep.trajectories})
+    print("weights: " + "; ".join(weights))
+
+
+def _print_step(rep: replay.StepReport) -> None:
+    print(
+        f"step {rep.step}: recomputed from {len(rep.indices)} trajectories with {rep.weights} "
+        f"(estimator {rep.estimator}, {rep.device or '-'})"
+    )
+    print(f"  {'metric':34} {'recorded':>14} {'recomputed':>14} {'|Δ|':>9}")
+    for c in rep.checks:
+        rec = "-" if c.recorded is None else f"{c.recorded:.8g}"
+        diff = "-" if c.abs_diff is None else f"{c.abs_diff:.2g}"
+        print(f"  {c.name:34} {rec:>14} {c.recomputed:>14.8g} {diff:>9}  {'ok' if c.match else 'DIFFERENT'}")
+    bad = [c.name for c in rep.checks if not c.match]
+    if bad:
+        print(f"step {rep.step}: {len(bad)} of {len(rep.checks)} metrics NOT reproduced: {', '.join(bad)}")
+    else:
+        print(f"step {rep.step}: all {len(rep.checks)} recorded metrics reproduced")
+
+
+# ---------------------------------------------------------------------------------------------------
+def run(ns: argparse.Namespace) -> int:
+    """Run ``agentrl replay`` with parsed arguments; returns the exit status."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
+    rn = replay.load(ns.path)
+    for issue in rn.issues:
+        print(f"warning: {issue.path}:{issue.line}: {issue.reason}", file=sys.stderr)
+    out: dict[str, Any] = {}
+    rc = 0
+    tok_cache: list[Any] = []
+
+    def tokenizer() -> Any:
+        if not tok_cache:
+            tok_cache.append(replay.load_tokenizer_for(rn, ns.tokenizer))
+        return tok_cache[0]
+
+    if ns.show is not None:
+        if not 0 <= ns.show < len(rn.trajectories):
+            raise ConfigError(f"--show {ns.show}: the run has trajectories 0..{len(rn.trajectories) - 1}")
+        indices = [ns.show]
+    else:
+        indices = replay.select(
+            rn,
+            step=ns.step,
+            group=ns.group,
+            min_reward=ns.min_reward,
+            max_reward=ns.max_reward,
+            stop_reason=ns.stop_reason,
+            errors=ns.errors,
+            tool_status=ns.tool_status,
+            grep=ns.grep,
+        )
+    trajs = [rn.trajectories[i] for i in indices]
+    modes = [ns.show is not None, ns.html, ns.check, ns.reexec, ns.rescore, ns.recompute]
+    listing = not any(modes)
+    emit: list[Callable[[], None]] = []
+
+    if listing:
+        rows = [_list_row(i, rn.trajectories[i]) for i in indices][: ns.limit]
+        out["list"] = rows
+        emit.append(lambda: _print_list(rows, len(indices), len(rn.trajectories)))
+
+    advantages: dict[int, tuple[float | None, ...]] | None = None
+    if ns.advantages and (ns.show is not None or ns.html):
+        advantages = {}
+        for step in sorted({t.meta.step for t in trajs if t.meta.step is not None}):
+            advantages.update(
+                replay.step_advantages(rn, step, device=ns.device, dtype=ns.dtype, tokenizer=tokenizer())
+            )
+
+    recomputed: replay.RecomputeReport | None = None
+    if ns.recompute and trajs:
+        if ns.model is not None:
+            recomputed = replay.recompute(
+                trajs,
+                ns.model,
+                tokenizer=tokenizer(),
+                temperature=float(rn.setting("learner.temperature", 1.0)),
+                indices=indices,
+                top=ns.top,
+                device=ns.device,
+            )
+        else:
+            recomputed = replay.recompute_run(
+                rn, indices=indices, tokenizer=tokenizer(), top=ns.top, device=ns.device, dtype=ns.dtype
+            )
+        rep_c = recomputed
+        out["recompute"] = {k: v for k, v in _jsonable(rep_c).items() if k != "trajectories"}
+        out["recompute"]["per_trajectory"] = [
+            {
+                "index": t.index,
+                "episode_id": t.episode_id,
+                "weights": t.weights,
+                "max_abs_diff": t.max_abs_diff,
+                "mean_abs_diff": t.mean_abs_diff,
+                "worst_token": t.worst_token,
+            }
+            for t in rep_c.trajectories
+        ]
+        emit.append(lambda: _print_recompute(rep_c))
+        if ns.max_diff is not None and rep_c.max_abs_diff > ns.max_diff:
+            rc = 1
+
+    if ns.check:
+        reports = [replay.check(rn.trajectories[i], tokenizer(), index=i) for i in indices]
+        out["check"] = _jsonable(reports)
+        emit.append(lambda: _print_check(reports))
+        if any(not r.ok for r in reports):
+            rc = 1
+
+    if ns.reexec or ns.rescore:
+        env_kwargs = json.loads(ns.env_kwargs) if ns.env_kwargs else dict(rn.setting("env_kwargs", {}) or {})
+        if not isinstance(env_kwargs, dict):
+            raise ConfigError("--env-kwargs must be a JSON object")
+        needs_tok = any(not t.actions for t in trajs)
+        rex = asyncio.run(
+            replay.areexec_many(
+                trajs,
+                indices=indices,
+                concurrency=ns.concurrency,
+                env_kwargs=env_kwargs,
+                tokenizer=tokenizer() if needs_tok else None,
+            )
+        )
+        if ns.reexec:
+            out["reexec"] = _jsonable(rex)
+            emit.append(lambda: _print_reexec(rex))
+            if any(not r.ok for r in rex):
+                rc = 1
+        if ns.rescore:
+            resc = [replay.RescoreReport.from_reexec(r, t) for r, t in zip(rex, trajs, strict=True)]
+            out["rescore"] = _jsonable(resc)
+            emit.append(lambda: _print_rescore(resc))
+            if any(not r.matches for r in resc):
+                rc = 1
+
+    if ns.show is not None:
+        k = ns.show
+        t = rn.trajectories[k]
+        adv = advantages.get(k) if advantages is not None else None
+        if ns.advantages and adv is None:
+            print(f"note: trajectory {k} was not trained on (no step or infra failure): no advantages")
+        rc_t = recomputed.trajectories[0] if recomputed is not None else None
+        text = replay.render(
+            t,
+            tokenizer=tokenizer(),
+            index=k,
+            color=_color(ns.color),
+            tokens=ns.tokens,
+            advantages=adv,
+            recomputed=rc_t,
+        )
+        out["show"] = {"index": k, "trajectory": t.to_dict(), "advantages": adv}
+        emit.insert(0, lambda: print(text))
+
+    if ns.html:
+        path = replay.write_html(
+            rn, ns.html, tokenizer=tokenizer(), indices=indices, advantages=advantages, recomputed=recomputed
+        )
+        out["html"] = str(path)
+        emit.append(lambda: print(f"wrote {path} ({len(indices)} trajectories)"))
+
+    if listing and ns.step is not None and not ns.no_reproduce:
+        if rn.run_dir is None:
+            emit.append(lambda: print("note: not a run directory, so step reproduction is not possible"))
+        else:
+            rep_s = replay.reproduce_step(
+                rn,
+                ns.step,
+                device=ns.device,
+                dtype=ns.dtype,
+                rtol=ns.rtol,
+                atol=ns.atol,
+                tokenizer=tokenizer(),
+            )
+            out["step"] = _jsonable(
+                {k: v for k, v in dataclasses.asdict(rep_s).items() if k != "advantages"}
+                | {"matches": rep_s.matches}
+            )
+            emit.append(lambda: _print_step(rep_s))
+            if not rep_s.matches:
+                rc = 1
+
+    try:
+        if ns.json:
+            print(json.dumps(_jsonable(out), default=str))
+        else:
+            for fn in emit:
+                fn()
+        sys.stdout.flush()
+    except BrokenPipeError:  # `agentrl replay RUN | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return rc
