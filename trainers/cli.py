@@ -91,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(json.dumps(config_to_dict(report)))
             else:
                 print(
-                    f"{report.env} ({report.split or 'all'}): {report.tasks} tasks x {report.samples_per_task}: "
+                    f"{report.env} ({report.split or 'all'}): "
+                    f"{report.tasks} tasks x {report.samples_per_task}: "
                     f"pass@1={report.pass_at_1:.3f} pass@{report.samples_per_task}={report.pass_at_k:.3f} "
                     f"mean reward={report.mean_reward:.3f} infra failures={report.infra_failures}"
                 )

@@ -309,7 +309,8 @@ async def train(cfg: TrainConfig) -> Path:
     metrics.truncate_from(start)
     log(
         f"agentrl train: {cfg.model} on {cfg.env}, {cfg.estimator}, {cfg.groups_per_step}x{cfg.group_size} "
-        f"episodes/step, steps {start}..{cfg.steps - 1}, run dir {run_dir} (setup {time.perf_counter() - t0:.1f}s)"
+        f"episodes/step, steps {start}..{cfg.steps - 1}, run dir {run_dir} "
+        f"(setup {time.perf_counter() - t0:.1f}s)"
     )
 
     stop = asyncio.Event()
