@@ -46,12 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("run", help="run directory")
     plot.add_argument("--out", default=None, help="folder for the PNGs (default <run>/plots)")
 
-    try:  # TEMPORARY until trainers/replay.py lands
-        from agentrl.trainers import replay
+    from agentrl.trainers import replay
 
-        replay.add_parser(sub)
-    except ImportError:
-        pass
+    replay.add_parser(sub)
 
     sub.add_parser("envs", help="list registered environments")
     return parser

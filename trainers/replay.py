@@ -61,7 +61,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--tool-status", choices=sorted(s.value for s in ToolStatus), help="some tool call ended so"
     )
     f.add_argument("--grep", help="case-insensitive text in messages, tool calls and outputs, errors")
-    f.add_argument("--limit", type=int, default=None, help="list at most this many")
+    f.add_argument("--limit", type=int, default=None, help="take at most this many (the first in file order)")
     m = p.add_argument_group("modes")
     m.add_argument("--show", type=int, metavar="K", help="render trajectory K (its index in the listing)")
     m.add_argument("--tokens", action="store_true", help="with --show: one line per sampled token (log-prob)")
@@ -334,15 +334,18 @@ def run(ns: argparse.Namespace) -> int:
             tool_status=ns.tool_status,
             grep=ns.grep,
         )
+    matched = len(indices)
+    if ns.limit is not None:
+        indices = indices[: ns.limit]
     trajs = [rn.trajectories[i] for i in indices]
     modes = [ns.show is not None, ns.html, ns.check, ns.reexec, ns.rescore, ns.recompute]
     listing = not any(modes)
     emit: list[Callable[[], None]] = []
 
     if listing:
-        rows = [_list_row(i, rn.trajectories[i]) for i in indices][: ns.limit]
+        rows = [_list_row(i, rn.trajectories[i]) for i in indices]
         out["list"] = rows
-        emit.append(lambda: _print_list(rows, len(indices), len(rn.trajectories)))
+        emit.append(lambda: _print_list(rows, matched, len(rn.trajectories)))
 
     advantages: dict[int, tuple[float | None, ...]] | None = None
     if ns.advantages and (ns.show is not None or ns.html):

@@ -1,0 +1,30 @@
+"""Sandboxed Python execution for tool calls (installs as ``agentrl.sandbox``).
+
+Backends share one contract (:class:`agentrl.protocols.Sandbox`): ``LocalSandbox`` (bubblewrap on this
+machine, the default), ``DockerSandbox`` (a container from a local image, the ``docker`` SDK) and
+``E2BSandbox`` (e2b's cloud, ``e2b-code-interpreter``). ``SandboxPool`` keeps warm sandboxes and applies
+back-pressure. The docker and e2b SDKs are imported only when those backends start. See
+``sandbox/README.md`` for the threat model.
+"""
+
+from agentrl.execution import ExecResult, ExecStatus, Limits
+
+from .docker import DockerSandbox
+from .e2b import E2BSandbox
+from .local import LIMIT_NAMES, LocalSandbox
+from .pool import PoolStats, SandboxPool
+from .selftest import SelfTestReport, self_test
+
+__all__ = [
+    "LIMIT_NAMES",
+    "DockerSandbox",
+    "E2BSandbox",
+    "ExecResult",
+    "ExecStatus",
+    "Limits",
+    "LocalSandbox",
+    "PoolStats",
+    "SandboxPool",
+    "SelfTestReport",
+    "self_test",
+]

@@ -1,0 +1,537 @@
+"""DockerSandbox: the same persistent REPL worker, in a Docker container (the ``docker`` SDK).
+
+No image is pulled. By default the sandbox imports a tiny root filesystem (empty directories, ``/etc/passwd``,
+symlinks for ``/bin`` and ``/lib``) as ``agentrl-sandbox-rootfs:1`` and bind-mounts the host's ``/usr`` and
+this Python installation read-only, so the container runs exactly the host interpreter. Any image that has
+the same Python at the same path works too (``image=``).
+
+Each session is one container: ``network_mode=none``, read-only root, a size-capped tmpfs on ``/tmp``
+(the working directory) and ``/dev/shm``, ``mem_limit`` = ``memswap_limit`` (no swap), ``pids_limit``, all
+capabilities dropped, ``no-new-privileges``, a non-root user, and the same rlimits as the local backend.
+The worker is PID 1 of the container's PID namespace, so ``kill(-1)`` after each call reaps everything the
+code started, and killing the container takes every process with it.
+
+Docker's attach stream has only stdin/stdout/stderr, so the worker runs in *sentinel* mode: at the end of a
+call it writes a marker with a per-call random nonce to stdout and to stderr, followed on stderr by its
+result line (see ``_worker.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import logging
+import math
+import os
+import secrets
+import socket
+import tarfile
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from agentrl.errors import ConfigError, SandboxError
+from agentrl.execution import ExecResult, ExecStatus, Limits
+
+from ._output import Capture, decode
+from ._protocol import BOOTSTRAP, MARKER, Outcome, frame, parse_line, to_result, worker_code
+from .local import _python_layout, _sandbox_env, _spawn_background
+
+__all__ = ["DEFAULT_IMAGE", "DockerSandbox", "ensure_rootfs_image"]
+
+log = logging.getLogger(__name__)
+MiB = 1024 * 1024
+DEFAULT_IMAGE = "agentrl-sandbox-rootfs:1"
+_LABEL = "agentrl.sandbox"
+_UID = 1000
+
+
+def _rootfs_tar() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+
+        def add(name: str, kind: bytes, mode: int = 0o755, target: str = "", data: bytes = b"") -> None:
+            ti = tarfile.TarInfo(name)
+            ti.type, ti.mode, ti.linkname, ti.size = kind, mode, target, len(data)
+            tf.addfile(ti, io.BytesIO(data) if data else None)
+
+        for d in ("usr", "proc", "dev", "sys", "etc", "root", "home", "opt", "work", "var", "run"):
+            add(d, tarfile.DIRTYPE)
+        add("tmp", tarfile.DIRTYPE, 0o1777)
+        for name in ("bin", "lib", "lib64", "sbin", "lib32", "libx32"):
+            if os.path.islink(f"/{name}"):
+                add(name, tarfile.SYMTYPE, target=os.readlink(f"/{name}"))
+            elif os.path.isdir(f"/{name}"):
+                add(name, tarfile.DIRTYPE)
+        add(
+            "etc/passwd",
+            tarfile.REGTYPE,
+            0o644,
+            data=f"root:x:0:0::/:/usr/sbin/nologin\nsandbox:x:{_UID}:{_UID}::/tmp:/bin/sh\n".encode(),
+        )
+        add("etc/group", tarfile.REGTYPE, 0o644, data=f"root:x:0:\nsandbox:x:{_UID}:\n".encode())
+    return buf.getvalue()
+
+
+def ensure_rootfs_image(client: Any, name: str = DEFAULT_IMAGE) -> str:
+    """Import the minimal root filesystem as ``name`` unless it exists (blocking; no registry access)."""
+    import docker.errors
+
+    try:
+        client.images.get(name)
+        return name
+    except docker.errors.ImageNotFound:
+        pass
+    repo, _, tag = name.partition(":")
+    client.api.import_image_from_data(_rootfs_tar(), repository=repo, tag=tag or "latest")
+    return name
+
+
+class _Scanner:
+    """Finds the end-of-cell marker in one stream; bytes before it go to the capture."""
+
+    __slots__ = ("after", "found", "held", "marker")
+
+    def __init__(self, marker: bytes):
+        self.marker = marker
+        self.held = b""
+        self.found = False
+        self.after = bytearray()
+
+    def feed(self, data: bytes, sink: Capture | None) -> None:
+        if self.found:
+            self.after += data[:4096]
+            return
+        buf = self.held + data
+        i = buf.find(self.marker)
+        if i >= 0:
+            if sink is not None:
+                sink.feed(buf[:i])
+            self.found = True
+            self.after += buf[i + len(self.marker) :][:4096]
+            self.held = b""
+            return
+        keep = len(self.marker) - 1
+        if sink is not None and len(buf) > keep:
+            sink.feed(buf[: len(buf) - keep])
+        self.held = buf[-keep:] if keep else b""
+
+    def flush(self, sink: Capture) -> None:
+        """The call ended without a marker: what was held back is output after all."""
+        if not self.found and self.held:
+            sink.feed(self.held)
+            self.held = b""
+
+
+class _DCall:
+    def __init__(self, call_id: int, limit: int, nonce: str, fut: asyncio.Future[Outcome]):
+        self.id = call_id
+        self.nonce = nonce
+        self.out = Capture(limit)
+        self.err = Capture(limit)
+        marker = (MARKER + nonce).encode()
+        self.out_scan = _Scanner(marker)
+        self.err_scan = _Scanner(marker)
+        self.fut = fut
+        self.open = True
+
+
+class _Container:
+    """One running container and its attach socket."""
+
+    def __init__(self, sb: DockerSandbox):
+        self.sb = sb
+        self.loop = asyncio.get_running_loop()
+        self.container: Any = None
+        self.sock: socket.socket | None = None
+        self._sockio: Any = None
+        self.reader: asyncio.Task[None] | None = None
+        self.call: _DCall | None = None
+        self.boot = _DCall(0, 8192, "", self.loop.create_future())
+        self.dead = False
+        self.killed_by_us = False
+
+    async def start(self, timeout: float) -> None:
+        sb = self.sb
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self._create), timeout)
+        except Exception as e:
+            await self.kill()
+            raise SandboxError(f"could not start a Docker sandbox: {type(e).__name__}: {e}") from e
+        self.reader = asyncio.ensure_future(self._read_loop())
+        try:
+            await self._send(worker_code())
+            await self._send(frame(sb._worker_config()))
+            await asyncio.wait_for(asyncio.shield(self.boot.fut), timeout)
+        except Exception as e:
+            text = decode(bytes(self.boot.err_scan.held)) + self.boot.err.text()
+            await self.kill()
+            raise SandboxError(f"the Docker sandbox failed to start: {e!r} {text.strip()}") from None
+        outcome = self.boot.fut.result()
+        if outcome.kind != "frame" or outcome.status != "ready":
+            await self.kill()
+            raise SandboxError(f"the Docker sandbox failed to start: {outcome}")
+
+    def _create(self) -> None:
+        sb = self.sb
+        lim = sb._limits
+        exe, binds, _ = _python_layout()
+        volumes = {"/usr": {"bind": "/usr", "mode": "ro"}}
+        for b in [*binds, *sb._ro_binds]:
+            volumes[b] = {"bind": b, "mode": "ro"}
+        self.container = sb._client.containers.create(
+            sb._image,
+            command=[exe, "-I", "-S", "-c", BOOTSTRAP, str(len(worker_code())), "0"],
+            stdin_open=True,
+            tty=False,
+            detach=True,
+            network_mode="none",
+            read_only=True,
+            tmpfs={
+                "/tmp": f"size={lim.scratch_bytes},mode=1777",
+                "/dev/shm": f"size={min(lim.scratch_bytes, 16 * MiB)},mode=1777",
+            },
+            volumes=volumes,
+            working_dir="/tmp",
+            user=f"{_UID}:{_UID}",
+            environment=sb._env,
+            mem_limit=lim.memory_bytes + lim.scratch_bytes,
+            memswap_limit=lim.memory_bytes + lim.scratch_bytes,
+            pids_limit=lim.max_processes,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            hostname="sandbox",
+            labels={_LABEL: "1", f"{_LABEL}.owner": str(os.getpid())},
+            **({"runtime": sb._runtime} if sb._runtime else {}),
+        )
+        self._sockio = sb._client.api.attach_socket(
+            self.container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+        )
+        raw = getattr(self._sockio, "_sock", self._sockio)
+        raw.setblocking(False)
+        self.sock = raw
+        self.container.start()
+
+    async def _send(self, data: bytes) -> None:
+        if self.sock is None or self.dead:
+            raise SandboxError("the container is gone")
+        await self.loop.sock_sendall(self.sock, data)
+
+    async def _read_loop(self) -> None:
+        assert self.sock is not None
+        buf = bytearray()
+        try:
+            while True:
+                data = await self.loop.sock_recv(self.sock, 1 << 16)
+                if not data:
+                    break
+                buf += data
+                while len(buf) >= 8:
+                    size = int.from_bytes(buf[4:8], "big")
+                    if len(buf) < 8 + size:
+                        break
+                    kind, payload = buf[0], bytes(buf[8 : 8 + size])
+                    del buf[: 8 + size]
+                    self._on_data(kind == 2, payload)
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            self.dead = True
+            await self._settle_death()
+
+    def _on_data(self, is_err: bool, data: bytes) -> None:
+        call = self.call if self.call is not None else (self.boot if not self.boot.fut.done() else None)
+        if call is None or not call.open:
+            return
+        scan, cap = (call.err_scan, call.err) if is_err else (call.out_scan, call.out)
+        scan.feed(data, cap)
+        if call.out.total + call.err.total > self.sb._hard_cap:
+            call.open = False
+            if not call.fut.done():
+                call.fut.set_result(Outcome("output_limit"))
+            return
+        if call.out_scan.found and call.err_scan.found and b"\n" in call.err_scan.after:
+            line = bytes(call.err_scan.after).split(b"\n", 1)[0]
+            msg = parse_line(line)
+            if call.fut.done():
+                return
+            if msg is None:
+                call.fut.set_result(Outcome("protocol"))
+            elif call is self.boot:
+                call.fut.set_result(
+                    Outcome("frame", "ready") if msg.get("ready") == 1 else Outcome("protocol")
+                )
+            elif msg.get("id") != call.id or msg.get("status") not in ("ok", "error", "oom", "exit"):
+                call.fut.set_result(Outcome("protocol"))
+            else:
+                code = msg.get("exit_code")
+                call.fut.set_result(Outcome("frame", msg["status"], code if isinstance(code, int) else None))
+
+    async def _settle_death(self) -> None:
+        call = self.call if self.call is not None else self.boot
+        if call.fut.done():
+            return
+        outcome = await self._death_outcome()
+        if not call.fut.done():
+            call.fut.set_result(outcome)
+
+    async def _death_outcome(self) -> Outcome:
+        try:
+            await asyncio.to_thread(self.container.reload)
+            state = self.container.attrs.get("State", {})
+        except Exception as e:
+            return Outcome("infra", detail=f"the container vanished: {e}")
+        rc = int(state.get("ExitCode", -1))
+        if state.get("OOMKilled"):
+            return Outcome("died", oom_killed=True, exit_code=rc)
+        if rc == 137 and not self.killed_by_us:
+            return Outcome("infra", detail="the container was killed from outside while the code ran")
+        if 128 < rc <= 128 + 64:
+            return Outcome("died", signal=rc - 128, exit_code=rc)
+        return Outcome("died", exit_code=rc)
+
+    async def run(self, code: str, wall: float, call_id: int, output_bytes: int) -> tuple[Outcome, _DCall]:
+        fut: asyncio.Future[Outcome] = self.loop.create_future()
+        call = _DCall(call_id, output_bytes, secrets.token_hex(8), fut)
+        self.call = call
+        deadline = self.loop.time() + wall
+        try:
+            try:
+                req = {"op": "run", "id": call_id, "code": code, "wall": wall, "nonce": call.nonce}
+                await asyncio.wait_for(self._send(frame(req)), wall)
+            except (SandboxError, OSError):
+                pass  # dead: the reader settles ``fut``
+            except TimeoutError:
+                if not fut.done():
+                    fut.set_result(Outcome("timeout"))
+            try:
+                outcome = await asyncio.wait_for(asyncio.shield(fut), max(0.0, deadline - self.loop.time()))
+            except TimeoutError:
+                if not fut.done():
+                    fut.set_result(Outcome("timeout"))
+                outcome = fut.result()
+            if outcome.kind == "died" or (outcome.kind == "frame" and outcome.status == "exit"):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self.reader), 5.0)  # type: ignore[arg-type]
+            if outcome.kind != "frame":
+                call.out_scan.flush(call.out)
+                call.err_scan.flush(call.err)
+            return outcome, call
+        finally:
+            call.open = False
+            self.call = None
+
+    def _close_sock(self) -> None:
+        if self.sock is not None:
+            with contextlib.suppress(Exception):
+                self.sock.close()
+        if self._sockio is not None:
+            with contextlib.suppress(Exception):
+                self._sockio.close()
+        self.sock = None
+
+    async def kill(self) -> None:
+        self.killed_by_us = True
+        c = self.container
+        if c is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(c.remove, force=True)
+        self._close_sock()
+        if self.reader is not None:
+            self.reader.cancel()
+            with contextlib.suppress(BaseException):
+                await self.reader
+
+
+class DockerSandbox:
+    """A stateful Python session in a Docker container (see the module docstring).
+
+    Args:
+        limits: maximum limits; per-call ``timeout`` can only lower ``wall_s``.
+        client: a ``docker.DockerClient`` (default: ``docker.from_env()``, honouring ``DOCKER_HOST``).
+        image: image to run; default: import the minimal root filesystem (no registry access needed).
+        env: extra environment variables (the default environment is an allow-list).
+        ro_binds: host directories to bind read-only at the same path.
+        runtime: an OCI runtime name (e.g. ``runsc`` for gVisor) when the engine has one.
+    """
+
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        *,
+        client: Any = None,
+        image: str | None = None,
+        env: Mapping[str, str] | None = None,
+        ro_binds: tuple[str, ...] | list[str] = (),
+        runtime: str | None = None,
+        max_code_bytes: int = 1 * MiB,
+        output_hard_cap: int = 16 * MiB,
+        start_timeout: float = 60.0,
+    ):
+        self._limits = limits if limits is not None else Limits()
+        if not isinstance(self._limits, Limits):
+            raise ConfigError(f"limits must be a Limits, got {type(limits).__name__}")
+        if self._limits.network:
+            raise ConfigError("DockerSandbox runs with network_mode=none; Limits.network must be False")
+        self._client = client
+        self._image = image
+        self._env = _sandbox_env(self._limits, env)
+        self._ro_binds = [os.path.abspath(p) for p in ro_binds]
+        self._runtime = runtime
+        self._max_code_bytes = int(max_code_bytes)
+        self._hard_cap = int(output_hard_cap)
+        self._start_timeout = float(start_timeout)
+        self._c: _Container | None = None
+        self._lock: asyncio.Lock | None = None
+        self._closed = False
+        self._calls = 0
+        self._died_idle = False
+
+    @property
+    def limits(self) -> Limits:
+        return self._limits
+
+    @property
+    def _container(self) -> Any:
+        """The docker-py Container of the current session (tests kill it from outside)."""
+        return self._c.container if self._c is not None else None
+
+    def _worker_config(self) -> dict[str, Any]:
+        lim = self._limits
+        _, _, sys_path = _python_layout()
+        # No RLIMIT_NPROC: it counts per host uid across every container; pids_limit is per container.
+        rlimits = {"CORE": 0, "NOFILE": 256, "AS": lim.memory_bytes, "FSIZE": lim.file_size_bytes}
+        return {
+            "mode": "sentinel",
+            "marker": MARKER,
+            "rlimits": rlimits,
+            "sys_path": sys_path,
+            "kill_strays": True,
+        }
+
+    async def _ensure_client(self) -> None:
+        if self._client is None:
+            try:
+                import docker
+            except ImportError as e:  # pragma: no cover - the [docker] extra is not installed
+                raise SandboxError("DockerSandbox needs `pip install agentrl[docker]`") from e
+            try:
+                self._client = await asyncio.to_thread(docker.from_env)
+            except Exception as e:
+                raise SandboxError(f"no Docker engine reachable: {e}") from e
+        if self._image is None:
+            try:
+                self._image = await asyncio.to_thread(ensure_rootfs_image, self._client)
+            except Exception as e:
+                raise SandboxError(f"could not import the sandbox root filesystem: {e}") from e
+
+    async def _ensure(self) -> _Container:
+        if self._c is not None and not self._c.dead:
+            return self._c
+        if self._c is not None:
+            await self._c.kill()
+            self._c = None
+            self._died_idle = True
+        await self._ensure_client()
+        c = _Container(self)
+        await c.start(self._start_timeout)
+        self._c = c
+        return c
+
+    def _get_lock(self) -> asyncio.Lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    async def start(self) -> None:
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+        async with self._get_lock():
+            await self._ensure()
+
+    async def run(self, code: str, *, timeout: float | None = None) -> ExecResult:
+        """Run ``code`` in the session; see :class:`agentrl.protocols.Sandbox`."""
+        t0 = time.perf_counter()
+        if not isinstance(code, str):
+            return ExecResult(ExecStatus.ERROR, message=f"code must be a str, got {type(code).__name__}")
+        try:
+            if timeout is not None and not math.isfinite(timeout) and timeout != math.inf:
+                raise ConfigError(f"timeout must be a number of seconds, got {timeout!r}")
+            limits = self._limits.clamp(wall_s=timeout) if timeout is not None else self._limits
+        except (ConfigError, TypeError) as e:
+            return ExecResult(ExecStatus.ERROR, message=str(e))
+        if self._closed:
+            return ExecResult(ExecStatus.SANDBOX_ERROR, message="sandbox is closed")
+        size = len(code.encode("utf-8", "surrogatepass"))
+        if size > self._max_code_bytes:
+            return ExecResult(
+                ExecStatus.ERROR, message=f"code too large: {size:,} bytes (limit {self._max_code_bytes:,})"
+            )
+        async with self._get_lock():
+            try:
+                c = await self._ensure()
+            except SandboxError as e:
+                return ExecResult(
+                    ExecStatus.SANDBOX_ERROR, message=str(e), duration_s=time.perf_counter() - t0
+                )
+            lost_before, self._died_idle = self._died_idle, False
+            self._calls += 1
+            try:
+                outcome, call = await c.run(code, limits.wall_s, self._calls, limits.output_bytes)
+            except asyncio.CancelledError:
+                c.killed_by_us = True
+                self._c = None
+                _spawn_background(c.kill())
+                raise
+            if outcome.kind != "frame" or outcome.status == "exit":
+                await c.kill()
+                self._c = None
+            return to_result(
+                outcome,
+                stdout=call.out.text(),
+                stderr=call.err.text(),
+                truncated=call.out.truncated or call.err.truncated,
+                duration_s=time.perf_counter() - t0,
+                limits=limits,
+                hard_cap=self._hard_cap,
+                state_lost_before=lost_before,
+            )
+
+    async def reset(self) -> None:
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+        async with self._get_lock():
+            if self._c is not None:
+                await self._c.kill()
+                self._c = None
+            self._died_idle = False
+            await self._ensure()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        c, self._c = self._c, None
+        if c is not None:
+            await c.kill()
+
+    async def __aenter__(self) -> DockerSandbox:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def remove_orphans(client: Any) -> int:
+    """Remove sandbox containers left by agentrl processes that no longer exist; returns how many."""
+    n = 0
+    for c in client.containers.list(all=True, filters={"label": _LABEL}):
+        owner = c.labels.get(f"{_LABEL}.owner", "")
+        alive = owner.isdigit() and os.path.exists(f"/proc/{owner}")
+        if not alive:
+            with contextlib.suppress(Exception):
+                c.remove(force=True)
+                n += 1
+    return n

@@ -1,0 +1,261 @@
+"""SandboxPool: warm sandboxes handed out one per episode, reset on release, with back-pressure.
+
+At most ``size`` sandboxes are alive at once (an atomic cap: the count is taken before a sandbox is
+created). When all are in use, up to ``max_waiting`` callers wait in a FIFO queue; the next one gets a
+clear ``busy`` :class:`~agentrl.errors.SandboxError` at once, and a waiter that has waited ``acquire_timeout``
+seconds gets one too. Nothing ever spawns beyond the cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl.errors import ConfigError, SandboxError
+from agentrl.execution import ExecResult, ExecStatus
+from agentrl.protocols import Sandbox
+
+__all__ = ["PoolStats", "SandboxPool"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    """A snapshot of the pool."""
+
+    live: int
+    """Sandboxes alive (idle, in use or resetting)."""
+    idle: int
+    """Warm sandboxes ready to hand out."""
+    in_use: int
+    """Sandboxes held by callers."""
+    waiting: int
+    """Callers queued for a sandbox."""
+    busy_rejections: int
+    """Acquisitions refused because the pool was saturated."""
+    resets: int
+    """Sandboxes reset on release so far."""
+
+
+class SandboxPool:
+    """A bounded pool of sandboxes made by ``factory``.
+
+    Args:
+        factory: makes a new, not yet started sandbox (e.g. ``lambda: LocalSandbox(limits)``).
+        size: most sandboxes alive at once.
+        max_waiting: most callers queued when all ``size`` are in use; beyond that ``acquire`` fails fast.
+        acquire_timeout: most seconds a queued caller waits.
+        warm: sandboxes to start ahead of demand in :meth:`start` (default: ``min(size, 2)``).
+    """
+
+    def __init__(
+        self,
+        factory: Callable[[], Sandbox],
+        *,
+        size: int = 8,
+        max_waiting: int = 64,
+        acquire_timeout: float = 30.0,
+        warm: int | None = None,
+    ):
+        if size < 1 or max_waiting < 0 or acquire_timeout <= 0:
+            raise ConfigError("size must be >= 1, max_waiting >= 0 and acquire_timeout > 0")
+        self._factory = factory
+        self.size = size
+        self.max_waiting = max_waiting
+        self.acquire_timeout = acquire_timeout
+        self._warm = min(size, 2) if warm is None else max(0, min(size, warm))
+        self._idle: deque[Sandbox] = deque()
+        self._waiters: deque[asyncio.Future[Sandbox | None]] = deque()
+        self._live = 0
+        self._in_use = 0
+        self._busy = 0
+        self._resets = 0
+        self._closed = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> SandboxPool:
+        """Start ``warm`` sandboxes now so the first episodes do not pay for start-up."""
+        need = max(0, self._warm - self._live)
+        self._live += need
+        made = await asyncio.gather(*(self._new() for _ in range(need)), return_exceptions=True)
+        for sb in made:
+            if isinstance(sb, BaseException):
+                self._live -= 1
+                raise SandboxError(f"sandbox pool could not start a sandbox: {sb}") from sb
+            self._give(sb)
+        return self
+
+    async def close(self) -> None:
+        """Close every idle sandbox now and every in-use one when it is released. Idempotent."""
+        self._closed = True
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.done():
+                w.set_exception(SandboxError("sandbox pool is closed"))
+        idle, self._idle = list(self._idle), deque()
+        for sb in idle:
+            self._spawn(self._discard(sb))
+        # Recycling tasks may spawn discards of their own; wait until nothing is left in flight.
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def __aenter__(self) -> SandboxPool:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def stats(self) -> PoolStats:
+        return PoolStats(
+            live=self._live,
+            idle=len(self._idle),
+            in_use=self._in_use,
+            waiting=sum(1 for w in self._waiters if not w.done()),
+            busy_rejections=self._busy,
+            resets=self._resets,
+        )
+
+    # -- acquire / release -------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[Sandbox]:
+        """Borrow a fresh sandbox for one episode; it is reset (all state gone) when the block exits.
+
+        Raises:
+            SandboxError: the pool is saturated ("busy"), closed, or a sandbox could not be started.
+        """
+        sb = await self._acquire()
+        self._in_use += 1
+        try:
+            yield sb
+        finally:
+            self._in_use -= 1
+            self._spawn(self._recycle(sb))
+
+    async def run_once(self, code: str, *, timeout: float | None = None) -> ExecResult:
+        """Run ``code`` on a pooled sandbox; a saturated pool answers with a ``sandbox_error`` result."""
+        try:
+            async with self.acquire() as sb:
+                return await sb.run(code, timeout=timeout)
+        except SandboxError as e:
+            return ExecResult(ExecStatus.SANDBOX_ERROR, message=str(e))
+
+    async def _acquire(self) -> Sandbox:
+        if self._closed:
+            raise SandboxError("sandbox pool is closed")
+        if self._idle:
+            return self._idle.popleft()
+        if self._live < self.size:
+            self._live += 1
+            try:
+                return await self._new()
+            except BaseException:
+                self._live -= 1
+                self._wake_slot()
+                raise
+        waiting = sum(1 for w in self._waiters if not w.done())
+        if waiting >= self.max_waiting:
+            self._busy += 1
+            raise SandboxError(
+                f"sandbox pool busy: all {self.size} sandboxes in use and {waiting} callers already "
+                "waiting; retry later or raise the pool size"
+            )
+        fut: asyncio.Future[Sandbox | None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            got = await asyncio.wait_for(asyncio.shield(fut), self.acquire_timeout)
+        except TimeoutError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                got = fut.result()  # handed over at the last moment
+            else:
+                fut.cancel()
+                self._busy += 1
+                raise SandboxError(
+                    f"sandbox pool busy: no sandbox became free within {self.acquire_timeout:g} s"
+                ) from None
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self._hand_back(fut.result())
+            fut.cancel()
+            raise
+        if got is None:  # a slot (not a sandbox) was freed: make one
+            self._live += 1
+            try:
+                return await self._new()
+            except BaseException:
+                self._live -= 1
+                self._wake_slot()
+                raise
+        return got
+
+    def _hand_back(self, sb: Sandbox | None) -> None:
+        if sb is None:
+            self._wake_slot()
+        else:
+            self._give(sb)
+
+    async def _new(self) -> Sandbox:
+        sb = self._factory()
+        try:
+            await sb.__aenter__()
+        except BaseException as e:
+            with contextlib.suppress(BaseException):
+                await sb.close()
+            if isinstance(e, SandboxError | asyncio.CancelledError):
+                raise
+            raise SandboxError(f"sandbox failed to start: {e}") from e
+        return sb
+
+    def _give(self, sb: Sandbox) -> None:
+        """Hand a ready sandbox to the first live waiter, or park it as idle."""
+        if self._closed:
+            self._spawn(self._discard(sb))
+            return
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.done():
+                w.set_result(sb)
+                return
+        self._idle.append(sb)
+
+    def _wake_slot(self) -> None:
+        """A sandbox died: let the first waiter create a new one in its place."""
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+                return
+
+    async def _recycle(self, sb: Sandbox) -> None:
+        if self._closed:
+            await self._discard(sb)
+            return
+        try:
+            await sb.reset()
+            self._resets += 1
+        except BaseException as e:
+            log.warning("sandbox reset failed, replacing it: %s", e)
+            await self._discard(sb)
+            self._wake_slot()
+            return
+        self._give(sb)
+
+    async def _discard(self, sb: Sandbox) -> None:
+        try:
+            await sb.close()
+        except Exception as e:  # closing must not take the pool down
+            log.warning("closing a sandbox failed: %s", e)
+        finally:
+            self._live -= 1
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
