@@ -179,7 +179,8 @@ def _run_cell(code):
         tree = compile(code, name, "exec", _ast.PyCF_ONLY_AST)
     except BaseException as exc:  # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError
         _remember_source(name, code)
-        _print_exception(exc, 0)
+        # Skip this function's own frame: what the model reads must not depend on the worker's source.
+        _print_exception(exc, 1)
         return ("oom" if isinstance(exc, MemoryError) else "error"), None
     _remember_source(name, code)
     try:

@@ -155,3 +155,11 @@ async def test_memory_limit_counts_real_allocations(make_local):
         assert r.status is ExecStatus.OOM
         r = await sb.run("del x; z = b'z' * (100 * 1024 * 1024); len(z)")
         assert r.status is ExecStatus.OK, r
+
+
+@pytest.mark.parametrize("code", ["x = (", "1/0", "def f():\n    raise KeyError('k')\nf()"])
+async def test_tracebacks_show_only_the_models_code(local_sb, code):
+    """Replay compares tool output across versions: no frame of the worker's own source may leak in."""
+    r = await local_sb.run(code)
+    assert r.status is ExecStatus.ERROR
+    assert "<cell-" in r.stderr and "agentrl-sandbox-worker" not in r.stderr and "_worker" not in r.stderr
