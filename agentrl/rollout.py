@@ -184,27 +184,15 @@ async def run_episode(
         AuditError: ``config.audit`` is on and the trajectory breaks an invariant (a bug).
     """
     cfg = config or RolloutConfig()
-    meta = meta or TrajectoryMeta()
-    t_start = time.perf_counter()
-    timings = {"reset": 0.0, "generate": 0.0, "env": 0.0, "render": 0.0}
+    ep = _Episode(start_version=int(getattr(policy, "version", 0)))
+    timings, pieces, messages, rewards = ep.timings, ep.pieces, ep.messages, ep.rewards
+    fail = ep.fail
+
+    def finish() -> Trajectory:
+        return ep.finish(meta or TrajectoryMeta(), env, seed, cfg, renderer)
+
     tools = list(getattr(env, "tools", ()) or ())
-    pieces: list[Piece] = []
-    messages: list[Message] = []
     history: list[Message] = []  # what the template renders: assistant turns carry their sampled text
-    tool_records: list[ToolRecord] = []
-    rewards: list[float] = []
-    actions: list[str] = []
-    errors: list[EpisodeFailure] = []
-    terminated = truncated = False
-    stop_reason = StopReason.TERMINATED
-    versions: list[int] = []
-    start_version = int(getattr(policy, "version", 0))
-
-    def fail(kind: str, message: str, turn: int, reason: StopReason, infra: bool = True) -> None:
-        nonlocal stop_reason
-        errors.append(EpisodeFailure(kind, message, turn, infra))
-        stop_reason = reason
-
     ids: list[int] = []
     prefix_text = ""
     t0 = time.perf_counter()
@@ -216,26 +204,7 @@ async def run_episode(
     except Exception as e:
         timings["reset"] = time.perf_counter() - t0
         fail(type(e).__name__, str(e), -1, _infra_reason(e))
-        return _finish(
-            pieces,
-            actions,
-            messages,
-            tool_records,
-            rewards,
-            False,
-            False,
-            stop_reason,
-            errors,
-            meta,
-            env,
-            seed,
-            start_version,
-            versions,
-            timings,
-            t_start,
-            cfg,
-            renderer,
-        )
+        return finish()
     timings["reset"] = time.perf_counter() - t0
     messages.extend(obs)
     history.extend(obs)
@@ -247,27 +216,9 @@ async def run_episode(
         timings["render"] += time.perf_counter() - t0
         if cfg.on_template_mismatch == "raise":
             raise
+        ep.truncated = True
         fail("TemplateError", str(e), -1, StopReason.TEMPLATE_MISMATCH, infra=False)
-        return _finish(
-            pieces,
-            actions,
-            messages,
-            tool_records,
-            rewards,
-            False,
-            True,
-            stop_reason,
-            errors,
-            meta,
-            env,
-            seed,
-            start_version,
-            versions,
-            timings,
-            t_start,
-            cfg,
-            renderer,
-        )
+        return finish()
     timings["render"] += time.perf_counter() - t0
     pieces.extend(prompt.pieces)
     ids.extend(prompt.token_ids)
@@ -277,7 +228,7 @@ async def run_episode(
     while True:
         budget = cfg.max_total_tokens - len(ids)
         if budget <= 0:
-            truncated, stop_reason = True, StopReason.MAX_TOKENS
+            ep.truncated, ep.stop_reason = True, StopReason.MAX_TOKENS
             break
         max_new = min(cfg.sampling.max_new_tokens, budget)
         sampling = dataclasses.replace(
@@ -300,7 +251,7 @@ async def run_episode(
             fail(type(e).__name__, str(e), turn, StopReason.POLICY_ERROR)
             break
         timings["generate"] += time.perf_counter() - t0
-        versions.append(gen.policy_version)
+        ep.versions.append(gen.policy_version)
         sampled = gen.token_ids
         text = renderer.assistant_text(sampled)
         asst_index = len(messages)
@@ -309,14 +260,14 @@ async def run_episode(
 
         if gen.finish_reason is FinishReason.LENGTH or not renderer.is_stop(sampled[-1]):
             messages.append(Message("assistant", text))
-            truncated = True
-            stop_reason = (
+            ep.truncated = True
+            ep.stop_reason = (
                 StopReason.MAX_TOKENS if max_new < cfg.sampling.max_new_tokens else StopReason.TURN_TOKENS
             )
             break
 
         t0 = time.perf_counter()
-        actions.append(text)
+        ep.actions.append(text)
         try:
             step_out = _check_step(await env.step(Action(text=text, token_ids=tuple(sampled))))
         except Exception as e:
@@ -334,7 +285,7 @@ async def run_episode(
         )
         rewards.append(reward)
         records = tuple(r for r in (info.get(INFO_TOOL_RECORDS) or ()) if isinstance(r, ToolRecord))
-        tool_records.extend(records)
+        ep.tool_records.extend(records)
         first_obs_index = len(messages)
         messages.extend(new_obs)
         infra_records = [r for r in records if r.status.is_infra]
@@ -343,13 +294,13 @@ async def run_episode(
             fail("SandboxError", r0.detail or r0.output or "sandbox error", turn, StopReason.SANDBOX_ERROR)
             break
         if term:
-            terminated, stop_reason = True, StopReason.TERMINATED
+            ep.terminated, ep.stop_reason = True, StopReason.TERMINATED
             break
         if trunc:
-            truncated, stop_reason = True, StopReason.ENV_TRUNCATED
+            ep.truncated, ep.stop_reason = True, StopReason.ENV_TRUNCATED
             break
         if turn + 1 >= cfg.max_turns:
-            truncated, stop_reason = True, StopReason.MAX_TURNS
+            ep.truncated, ep.stop_reason = True, StopReason.MAX_TURNS
             break
 
         t0 = time.perf_counter()
@@ -368,13 +319,13 @@ async def run_episode(
             timings["render"] += time.perf_counter() - t0
             if cfg.on_template_mismatch == "raise":
                 raise
-            truncated = True
+            ep.truncated = True
             fail("TemplateError", str(e), turn, StopReason.TEMPLATE_MISMATCH, infra=False)
             break
         timings["render"] += time.perf_counter() - t0
         if len(ids) + len(delta.token_ids) >= cfg.max_total_tokens:
             # No room left for even one sampled token after this observation.
-            truncated, stop_reason = True, StopReason.MAX_TOKENS
+            ep.truncated, ep.stop_reason = True, StopReason.MAX_TOKENS
             break
         history.append(Message("assistant", delta.assistant_text))
         history.extend(new_obs)
@@ -383,86 +334,74 @@ async def run_episode(
         prefix_text = delta.text
         turn += 1
 
-    return _finish(
-        pieces,
-        actions,
-        messages,
-        tool_records,
-        rewards,
-        terminated,
-        truncated,
-        stop_reason,
-        errors,
-        meta,
-        env,
-        seed,
-        start_version,
-        versions,
-        timings,
-        t_start,
-        cfg,
-        renderer,
-    )
+    return finish()
 
 
 def _infra_reason(e: BaseException) -> StopReason:
     return StopReason.SANDBOX_ERROR if isinstance(e, SandboxError) else StopReason.ENV_ERROR
 
 
-def _finish(
-    pieces: list[Piece],
-    actions: list[str],
-    messages: list[Message],
-    tool_records: list[ToolRecord],
-    rewards: list[float],
-    terminated: bool,
-    truncated: bool,
-    stop_reason: StopReason,
-    errors: list[EpisodeFailure],
-    meta: TrajectoryMeta,
-    env: Env,
-    seed: int | None,
-    start_version: int,
-    versions: list[int],
-    timings: dict[str, float],
-    t_start: float,
-    cfg: RolloutConfig,
-    renderer: ChatRenderer,
-) -> Trajectory:
-    cols = build_columns(pieces)
-    extra = dict(meta.extra)
-    if versions and max(versions) != min(versions):
-        extra["policy_version_max"] = max(versions)
-    meta = dataclasses.replace(
-        meta,
-        env_id=meta.env_id or (env.spec_id or type(env).__name__),
-        seed=meta.seed if meta.seed is not None else seed,
-        policy_version=min(versions) if versions else start_version,
-        episode_id=meta.episode_id or uuid.uuid4().hex,
-        extra=extra,
-    )
-    timings["total"] = time.perf_counter() - t_start
-    traj = Trajectory(
-        token_ids=cols.token_ids,
-        loss_mask=cols.loss_mask,
-        logprobs=cols.logprobs,
-        segments=cols.segments,
-        messages=tuple(messages),
-        tool_calls=tuple(tool_records),
-        actions=tuple(actions),
-        rewards=tuple(rewards),
-        terminated=terminated,
-        truncated=truncated,
-        stop_reason=stop_reason,
-        errors=tuple(errors),
-        meta=meta,
-        timings=timings,
-    )
-    if cfg.audit:
-        from agentrl.audit import audit_trajectory
+@dataclass
+class _Episode:
+    """What one episode has accumulated so far (internal and mutable; the result is a frozen Trajectory)."""
 
-        audit_trajectory(traj, renderer)
-    return traj
+    start_version: int
+    pieces: list[Piece] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    tool_records: list[ToolRecord] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    errors: list[EpisodeFailure] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    terminated: bool = False
+    truncated: bool = False
+    stop_reason: StopReason = StopReason.TERMINATED
+    timings: dict[str, float] = field(
+        default_factory=lambda: {"reset": 0.0, "generate": 0.0, "env": 0.0, "render": 0.0}
+    )
+    t_start: float = field(default_factory=time.perf_counter)
+
+    def fail(self, kind: str, message: str, turn: int, reason: StopReason, infra: bool = True) -> None:
+        self.errors.append(EpisodeFailure(kind, message, turn, infra))
+        self.stop_reason = reason
+
+    def finish(
+        self, meta: TrajectoryMeta, env: Env, seed: int | None, cfg: RolloutConfig, renderer: ChatRenderer
+    ) -> Trajectory:
+        cols = build_columns(self.pieces)
+        extra = dict(meta.extra)
+        if self.versions and max(self.versions) != min(self.versions):
+            extra["policy_version_max"] = max(self.versions)
+        meta = dataclasses.replace(
+            meta,
+            env_id=meta.env_id or (env.spec_id or type(env).__name__),
+            seed=meta.seed if meta.seed is not None else seed,
+            policy_version=min(self.versions) if self.versions else self.start_version,
+            episode_id=meta.episode_id or uuid.uuid4().hex,
+            extra=extra,
+        )
+        self.timings["total"] = time.perf_counter() - self.t_start
+        traj = Trajectory(
+            token_ids=cols.token_ids,
+            loss_mask=cols.loss_mask,
+            logprobs=cols.logprobs,
+            segments=cols.segments,
+            messages=tuple(self.messages),
+            tool_calls=tuple(self.tool_records),
+            actions=tuple(self.actions),
+            rewards=tuple(self.rewards),
+            terminated=self.terminated,
+            truncated=self.truncated,
+            stop_reason=self.stop_reason,
+            errors=tuple(self.errors),
+            meta=meta,
+            timings=self.timings,
+        )
+        if cfg.audit:
+            from agentrl.audit import audit_trajectory
+
+            audit_trajectory(traj, renderer)
+        return traj
 
 
 # -------------------------------------------------------------------------------------------------
