@@ -224,3 +224,54 @@ def test_plot_and_envs_commands(two_step_run, capsys):
     assert (Path(run) / "plots" / "reward.png").exists()
     assert cli_main(["envs"]) == 0
     assert "math-tir-v0" in capsys.readouterr().out
+
+
+def test_eval_reports_pass_at_k_on_the_held_out_split(two_step_run):
+    run, _ = two_step_run
+    model = run / "checkpoints" / "step-000002" / "model"
+    out = run_cli(
+        ["eval", "--model", str(model), "--env", "math-tir-v0", "--k", "2", "--tasks", "2", "--json"]
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["split"] == "test" and report["tasks"] == 2 and report["samples_per_task"] == 2
+    assert 0.0 <= report["pass_at_1"] <= report["pass_at_k"] <= 1.0
+
+
+def test_pass_at_k_estimator():
+    from agentrl.trainers.evaluate import pass_at_k
+
+    assert pass_at_k(4, 0, 4) == 0.0 and pass_at_k(4, 1, 4) == 1.0
+    assert pass_at_k(4, 1, 1) == 0.25
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)
+    with pytest.raises(ConfigError, match="pass@k needs"):
+        pass_at_k(2, 3, 1)
+
+
+@pytest.mark.slow
+def test_embedded_default_smoke_one_step(tmp_path):
+    """The README's main job on the real SmolLM2-135M, shrunk to one small step."""
+    run = tmp_path / "default"
+    out = run_cli(
+        [
+            "train",
+            "--steps",
+            "1",
+            "--groups-per-step",
+            "1",
+            "--group-size",
+            "2",
+            "--rollout.max-new-tokens",
+            "48",
+            "--no-progress",
+            "--out",
+            str(run),
+        ]
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "smollm2 on math-tir-arith-v0, otb" in out.stdout
+    (row,) = read_metrics(run)
+    assert math.isfinite(row["learn/grad_norm"]) and math.isfinite(row["learn/loss"])
+    trajs = list(read_trajectories(run))
+    assert len(trajs) == 2 and not any(t.infra_failure for t in trajs)
+    assert (run / "checkpoints" / "step-000001" / "model" / "config.json").exists()

@@ -1,0 +1,81 @@
+"""Credit assignment: the Optimal Token Baseline, group baselines and variance diagnostics.
+
+Every estimator takes the same arguments, right-padded [B, T] tensors plus one group id per row::
+
+    adv_B_T = compute_advantages("otb", token_rewards_B_T, loss_mask_B_T, logprobs_B_T,
+                                 sum_pi_squared_B_T, group_ids, zero_tail=True)
+
+Names: ``otb`` (OTB specification otb-spec.md §3.3), ``grpo`` (group mean, optional std), ``rloo``
+(leave-one-out), ``opo`` (length-weighted), ``none`` (reward-to-go, no baseline). Only ``otb`` reads
+``logprobs`` and ``sum_pi_squared``; the others accept ``None`` there.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from agentrl.credit._common import GroupIds, returns_to_go, token_energy
+from agentrl.credit.baselines import grpo_advantages, no_baseline, opo_advantages, rloo_advantages
+from agentrl.credit.diagnostics import VarianceProxy, variance_proxy_metrics
+from agentrl.credit.otb import optimal_token_baseline, sum_pi_squared
+from agentrl.errors import ConfigError
+
+__all__ = [
+    "ESTIMATORS",
+    "GroupIds",
+    "VarianceProxy",
+    "compute_advantages",
+    "grpo_advantages",
+    "no_baseline",
+    "opo_advantages",
+    "optimal_token_baseline",
+    "returns_to_go",
+    "rloo_advantages",
+    "sum_pi_squared",
+    "token_energy",
+    "variance_proxy_metrics",
+]
+
+ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
+    "otb": optimal_token_baseline,
+    "grpo": grpo_advantages,
+    "rloo": rloo_advantages,
+    "opo": opo_advantages,
+    "none": no_baseline,
+}
+"""Advantage estimators by name; all share the signature of :func:`compute_advantages` (minus
+``name``)."""
+
+
+def compute_advantages(
+    name: str,
+    token_rewards: torch.Tensor,
+    loss_mask: torch.Tensor,
+    logprobs: torch.Tensor | None,
+    sum_pi_squared: torch.Tensor | None,
+    group_ids: GroupIds | None,
+    **options: Any,
+) -> torch.Tensor:
+    """Run the estimator called ``name`` on [B, T] inputs; ``options`` are its keyword-only settings
+    (``otb``: is_weights, zero_tail, eps; ``grpo``: norm_by_std, eps). Returns [B, T] advantages."""
+    fn = ESTIMATORS.get(name)
+    if fn is None:
+        raise ConfigError(f"unknown advantage estimator {name!r}; choose from {sorted(ESTIMATORS)}")
+    allowed = {
+        p.name for p in inspect.signature(fn).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    unknown = set(options) - allowed
+    if unknown:
+        raise ConfigError(
+            f"estimator {name!r} does not take {sorted(unknown)}; its options are {sorted(allowed)}"
+        )
+    if name == "otb" and (logprobs is None or sum_pi_squared is None):
+        raise ConfigError(
+            "the 'otb' estimator needs logprobs and sum_pi_squared from the trainer's forward pass "
+            "(Learner.score)"
+        )
+    return fn(token_rewards, loss_mask, logprobs, sum_pi_squared, group_ids, **options)

@@ -1,0 +1,50 @@
+"""One rank of the 2-process FSDP test: python fsdp_worker.py RANK WORLD PORT OUT_JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> None:
+    rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from agentrl.learner import Learner, LearnerConfig, wrap_fsdp
+        from learner.fsdp_case import build_case
+
+        model, batch, adv, cfg_kw = build_case()
+        model = wrap_fsdp(model)
+        learner = Learner(
+            model,
+            LearnerConfig(**cfg_kw),
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        )
+        # Uneven shards on purpose: rank 0 gets 1 row, rank 1 gets 3 (different micro-batch counts).
+        rows = [0] if rank == 0 else [1, 2, 3]
+        shard = batch.select(rows)
+        t = shard.seq_len
+        stats = learner.step(shard, adv[rows][:, :t])
+        lp, _ = learner.score(shard)
+        result = {
+            "loss": stats.loss,
+            "grad_norm": stats.grad_norm,
+            "micro_batches": stats.micro_batches,
+            "rows": rows,
+            "logprobs": lp.tolist(),
+        }
+        with open(out, "w") as f:
+            json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
