@@ -1,0 +1,56 @@
+"""The README's examples run as written (the slow SmolLM2 collection example is run by the rollout tests)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+
+
+def block(containing: str) -> str:
+    (found,) = [b for b in BLOCKS if containing in b]
+    return found
+
+
+def test_the_two_commands_open_the_readme():
+    first = re.search(r"```bash\n(.*?)```", README, flags=re.S).group(1)
+    commands = [line for line in first.splitlines() if line and not line.startswith("#")]
+    assert commands == [
+        "bash .ci/setup && .venv/bin/agentrl train",
+        "bash .ci/setup --dev && .venv/bin/python -m pytest -q",
+    ]
+    ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text()
+    assert commands[1] in ci
+
+
+def test_environment_example_runs():
+    code = block('agentrl.register("echo-v0", Echo)').replace('"echo-v0"', '"readme-echo-v0"')
+    code = code.replace('"agentrl/echo-v0"', '"agentrl/readme-echo-v0"')
+    exec(compile(code, "README.md", "exec"), {})
+
+
+async def test_tool_example_runs():
+    ns: dict = {}
+    exec(compile(block("@tool"), "README.md", "exec"), ns)
+    from agentrl import ToolContext
+
+    out = await ns["lookup_price"]({"item": "apple"}, ToolContext())
+    assert out.content == "0.50" and out.status == "ok"
+    bad = await ns["lookup_price"]({"itemz": "apple"}, ToolContext())
+    assert bad.status == "bad_arguments"
+
+
+@pytest.mark.slow
+def test_collection_example_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = block("collect(")
+    for big, small in [("n_groups=2", "n_groups=1"), ("group_size=4", "group_size=2"), ("=96", "=48")]:
+        assert big in code
+        code = code.replace(big, small)
+    exec(compile(code, "README.md", "exec"), {})
+    from agentrl import read_trajectories
+
+    trajs = list(read_trajectories(tmp_path / "rollouts.jsonl"))
+    assert len(trajs) == 2 and all(t.meta.env_id == "math-tir-arith-v0" for t in trajs)
