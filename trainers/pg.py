@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -35,7 +36,7 @@ from typing import Any, Literal
 import torch
 
 import agentrl
-from agentrl import JsonlStore, Sampling, Trajectory, TrajectoryMeta, read_trajectories
+from agentrl import JsonlStore, Policy, Sampling, Trajectory, TrajectoryMeta, read_trajectories
 from agentrl.batch import collate
 from agentrl.chat import ChatRenderer
 from agentrl.checkpoint import CheckpointState, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -99,6 +100,9 @@ class TrainConfig:
     """Where the model runs; auto picks CUDA when present."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Weights dtype: auto is float32 on CPU and bfloat16 on CUDA."""
+    policy: Literal["auto", "hf", "vllm"] = "auto"
+    """Sampler: hf (transformers, shares the learner's weights) or vllm (in-process engine on the GPU, weights
+    pushed in memory after each step); auto picks vllm on CUDA when it is installed, else hf."""
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     """Sampling settings."""
     learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(lr=2e-6, micro_batch_tokens=4096))
@@ -163,6 +167,57 @@ def resolve_model(cfg: TrainConfig) -> tuple[Any, Any, torch.device]:
         tokenizer = load_tokenizer(path)
         model = load_model(path, dtype=dtype, device=device)
     return model, tokenizer, device
+
+
+def make_policy(
+    cfg: TrainConfig,
+    model: Any,
+    tokenizer: Any,
+    renderer: ChatRenderer,
+    device: torch.device,
+    *,
+    version: int,
+) -> Policy:
+    """The sampler the config asks for. The HF policy samples with the learner's own model object."""
+    kind = cfg.policy
+    if kind == "auto":
+        kind = "vllm" if device.type == "cuda" and importlib.util.find_spec("vllm") is not None else "hf"
+    if kind == "vllm":
+        if device.type != "cuda":
+            raise ConfigError("--policy vllm needs --device cuda")
+        from agentrl.policies import VLLMPolicy
+
+        path = smollm2_dir() if cfg.model == "smollm2" else Path(cfg.model)
+        if cfg.model == "tiny":
+            raise ConfigError("--policy vllm cannot serve --model tiny (it has no folder); use hf")
+        vllm_policy = VLLMPolicy(
+            str(path),
+            stop_token_ids=renderer.stop_token_ids,
+            version=version,
+            gpu_memory_utilization=0.35,
+            dtype="bfloat16",
+        )
+        return vllm_policy
+    return HFPolicy(
+        model,
+        tokenizer,
+        stop_token_ids=renderer.stop_token_ids,
+        device=device,
+        max_batch_size=cfg.rollout.concurrency,
+        version=version,
+        seed=cfg.seed + version,
+    )
+
+
+async def publish_weights(policy: Policy, model: Any, version: int) -> None:
+    """Hand the updated weights to the sampler: nothing to copy for HF (same object), in memory for vLLM."""
+    if isinstance(policy, HFPolicy):
+        policy.set_version(version)
+        return
+    load = getattr(policy, "load_weights", None)
+    if load is None:
+        raise ConfigError(f"{type(policy).__name__} cannot receive new weights")
+    await load(((name, p.detach()) for name, p in model.state_dict().items()), version=version)
 
 
 def _env_factory(cfg: TrainConfig, pool: Any) -> Callable[[], agentrl.Env]:
@@ -375,7 +430,7 @@ async def _train_step(
     step: int,
     run_dir: Path,
     make_env: Callable[[], agentrl.Env],
-    policy: HFPolicy,
+    policy: Policy,
     renderer: ChatRenderer,
     rollout_cfg: RolloutConfig,
     store: JsonlStore,
@@ -438,7 +493,7 @@ async def _train_step(
         row["learn/adv_abs_mean"] = float(adv[m].abs().mean()) if m.any() else 0.0
     else:
         log(f"step {step}: every episode failed for infrastructure reasons; no update")
-    policy.set_version(step + 1)
+    await publish_weights(policy, learner.model, step + 1)
     row["time/rollout_s"] = t_rollout
     row["time/learn_s"] = time.perf_counter() - t_learn
     row["time/step_s"] = time.perf_counter() - t_step

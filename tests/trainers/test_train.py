@@ -275,3 +275,20 @@ def test_embedded_default_smoke_one_step(tmp_path):
     trajs = list(read_trajectories(run))
     assert len(trajs) == 2 and not any(t.infra_failure for t in trajs)
     assert (run / "checkpoints" / "step-000001" / "model" / "config.json").exists()
+
+
+def test_policy_choice_on_cpu(capsys, tmp_path):
+    import torch
+
+    from agentrl.chat import ChatRenderer
+    from agentrl.models import smollm2_tokenizer, tiny_model
+    from agentrl.policies import HFPolicy
+    from agentrl.trainers.pg import make_policy
+
+    tok = smollm2_tokenizer()
+    model, renderer = tiny_model(tok), ChatRenderer(tok)
+    cpu = torch.device("cpu")
+    policy = make_policy(TrainConfig(model="tiny"), model, tok, renderer, cpu, version=3)
+    assert isinstance(policy, HFPolicy) and policy.model is model and policy.version == 3  # shared weights
+    with pytest.raises(ConfigError, match="--policy vllm needs --device cuda"):
+        make_policy(TrainConfig(model="tiny", policy="vllm"), model, tok, renderer, cpu, version=0)
