@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import io
 import logging
-import math
 import os
 import secrets
 import socket
@@ -32,10 +31,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentrl.errors import ConfigError, SandboxError
-from agentrl.execution import ExecResult, ExecStatus, Limits
+from agentrl.execution import ExecResult, Limits
 
+from ._common import SessionBackend, check_request
 from ._output import Capture, decode
-from ._protocol import BOOTSTRAP, MARKER, Outcome, frame, parse_line, to_result, worker_code
+from ._protocol import BOOTSTRAP, MARKER, Outcome, frame, parse_line, worker_code
 from .local import _python_layout, _sandbox_env, _spawn_background
 
 __all__ = ["DEFAULT_IMAGE", "DockerSandbox", "ensure_rootfs_image"]
@@ -344,7 +344,7 @@ class _Container:
                 await self.reader
 
 
-class DockerSandbox:
+class DockerSandbox(SessionBackend[_Container]):
     """A stateful Python session in a Docker container (see the module docstring).
 
     Args:
@@ -382,11 +382,7 @@ class DockerSandbox:
         self._max_code_bytes = int(max_code_bytes)
         self._hard_cap = int(output_hard_cap)
         self._start_timeout = float(start_timeout)
-        self._c: _Container | None = None
-        self._lock: asyncio.Lock | None = None
-        self._closed = False
-        self._calls = 0
-        self._died_idle = False
+        super().__init__()
 
     @property
     def limits(self) -> Limits:
@@ -395,7 +391,7 @@ class DockerSandbox:
     @property
     def _container(self) -> Any:
         """The docker-py Container of the current session (tests kill it from outside)."""
-        return self._c.container if self._c is not None else None
+        return self._session.container if self._session is not None else None
 
     def _worker_config(self) -> dict[str, Any]:
         lim = self._limits
@@ -426,102 +422,41 @@ class DockerSandbox:
             except Exception as e:
                 raise SandboxError(f"could not import the sandbox root filesystem: {e}") from e
 
+    # -- lifecycle (start, reset, close: SessionBackend) ------------------------------------------
     async def _ensure(self) -> _Container:
-        if self._c is not None and not self._c.dead:
-            return self._c
-        if self._c is not None:
-            await self._c.kill()
-            self._c = None
+        if self._session is not None and not self._session.dead:
+            return self._session
+        if self._session is not None:
+            await self._session.kill()
+            self._session = None
             self._died_idle = True
         await self._ensure_client()
         c = _Container(self)
         await c.start(self._start_timeout)
-        self._c = c
+        self._session = c
         return c
-
-    def _get_lock(self) -> asyncio.Lock:
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        return self._lock
-
-    async def start(self) -> None:
-        if self._closed:
-            raise SandboxError("sandbox is closed")
-        async with self._get_lock():
-            await self._ensure()
 
     async def run(self, code: str, *, timeout: float | None = None) -> ExecResult:
         """Run ``code`` in the session; see :class:`agentrl.protocols.Sandbox`."""
         t0 = time.perf_counter()
-        if not isinstance(code, str):
-            return ExecResult(ExecStatus.ERROR, message=f"code must be a str, got {type(code).__name__}")
-        try:
-            if timeout is not None and not math.isfinite(timeout) and timeout != math.inf:
-                raise ConfigError(f"timeout must be a number of seconds, got {timeout!r}")
-            limits = self._limits.clamp(wall_s=timeout) if timeout is not None else self._limits
-        except (ConfigError, TypeError) as e:
-            return ExecResult(ExecStatus.ERROR, message=str(e))
-        if self._closed:
-            return ExecResult(ExecStatus.SANDBOX_ERROR, message="sandbox is closed")
-        size = len(code.encode("utf-8", "surrogatepass"))
-        if size > self._max_code_bytes:
-            return ExecResult(
-                ExecStatus.ERROR, message=f"code too large: {size:,} bytes (limit {self._max_code_bytes:,})"
-            )
+        limits = check_request(
+            code, timeout, limits=self._limits, closed=self._closed, max_code_bytes=self._max_code_bytes
+        )
+        if isinstance(limits, ExecResult):
+            return limits
         async with self._get_lock():
-            try:
-                c = await self._ensure()
-            except SandboxError as e:
-                return ExecResult(
-                    ExecStatus.SANDBOX_ERROR, message=str(e), duration_s=time.perf_counter() - t0
-                )
-            lost_before, self._died_idle = self._died_idle, False
-            self._calls += 1
+            begun = await self._begin_call(t0)
+            if isinstance(begun, ExecResult):
+                return begun
+            c, lost_before = begun
             try:
                 outcome, call = await c.run(code, limits.wall_s, self._calls, limits.output_bytes)
             except asyncio.CancelledError:
                 c.killed_by_us = True
-                self._c = None
+                self._session = None
                 _spawn_background(c.kill())
                 raise
-            if outcome.kind != "frame" or outcome.status == "exit":
-                await c.kill()
-                self._c = None
-            return to_result(
-                outcome,
-                stdout=call.out.text(),
-                stderr=call.err.text(),
-                truncated=call.out.truncated or call.err.truncated,
-                duration_s=time.perf_counter() - t0,
-                limits=limits,
-                hard_cap=self._hard_cap,
-                state_lost_before=lost_before,
-            )
-
-    async def reset(self) -> None:
-        if self._closed:
-            raise SandboxError("sandbox is closed")
-        async with self._get_lock():
-            if self._c is not None:
-                await self._c.kill()
-                self._c = None
-            self._died_idle = False
-            await self._ensure()
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        c, self._c = self._c, None
-        if c is not None:
-            await c.kill()
-
-    async def __aenter__(self) -> DockerSandbox:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+            return await self._end_call(c, outcome, call, limits=limits, t0=t0, lost_before=lost_before)
 
 
 def remove_orphans(client: Any) -> int:

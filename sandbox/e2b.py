@@ -17,13 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from typing import Any
 
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.execution import ExecResult, ExecStatus, Limits
 
+from ._common import check_request
 from ._output import Capture
 
 __all__ = ["E2BSandbox"]
@@ -151,21 +151,11 @@ class E2BSandbox:
     async def run(self, code: str, *, timeout: float | None = None) -> ExecResult:
         """Run ``code`` in the session; see :class:`agentrl.protocols.Sandbox`."""
         t0 = time.perf_counter()
-        if not isinstance(code, str):
-            return ExecResult(ExecStatus.ERROR, message=f"code must be a str, got {type(code).__name__}")
-        try:
-            if timeout is not None and not math.isfinite(timeout) and timeout != math.inf:
-                raise ConfigError(f"timeout must be a number of seconds, got {timeout!r}")
-            limits = self._limits.clamp(wall_s=timeout) if timeout is not None else self._limits
-        except (ConfigError, TypeError) as e:
-            return ExecResult(ExecStatus.ERROR, message=str(e))
-        if self._closed:
-            return ExecResult(ExecStatus.SANDBOX_ERROR, message="sandbox is closed")
-        size = len(code.encode("utf-8", "surrogatepass"))
-        if size > self._max_code_bytes:
-            return ExecResult(
-                ExecStatus.ERROR, message=f"code too large: {size:,} bytes (limit {self._max_code_bytes:,})"
-            )
+        limits = check_request(
+            code, timeout, limits=self._limits, closed=self._closed, max_code_bytes=self._max_code_bytes
+        )
+        if isinstance(limits, ExecResult):
+            return limits
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 import shutil
 import signal
@@ -33,8 +32,9 @@ from agentrl.errors import ConfigError, SandboxError
 from agentrl.execution import ExecResult, ExecStatus, Limits
 
 from . import _cgroup, _seccomp
+from ._common import SessionBackend, check_request
 from ._output import Capture, decode
-from ._protocol import BOOTSTRAP, Outcome, frame, parse_line, to_result, worker_code
+from ._protocol import BOOTSTRAP, Outcome, frame, parse_line, worker_code
 
 __all__ = ["LIMIT_NAMES", "LocalSandbox"]
 
@@ -112,6 +112,16 @@ def _sandbox_env(limits: Limits, extra: Mapping[str, str] | None) -> dict[str, s
 
 def _pipe() -> tuple[int, int]:
     return os.pipe2(os.O_CLOEXEC)
+
+
+def _read_ready(fd: int) -> bytes | None:
+    """Up to 4 KiB from a non-blocking pipe: None when nothing is there yet, b"" at EOF or on an error."""
+    try:
+        return os.read(fd, 4096)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
 
 
 def _data_fd(data: bytes) -> int:
@@ -303,12 +313,9 @@ class _Worker:
         self._drain(fd, is_err)
 
     def _on_info(self) -> None:
-        try:
-            data = os.read(self.info_r, 4096)
-        except BlockingIOError:
+        data = _read_ready(self.info_r)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if data:
             self.info_buf += data
             if len(self.info_buf) < 65536:
@@ -342,12 +349,9 @@ class _Worker:
             os.close(fd)
 
     def _on_res(self) -> None:
-        try:
-            data = os.read(self.res_r, 4096)
-        except BlockingIOError:
+        data = _read_ready(self.res_r)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:
             self.loop.remove_reader(self.res_r)
             self._mark_dead()
@@ -521,7 +525,7 @@ class _Worker:
 
 
 # ---------------------------------------------------------------------------------------------------
-class LocalSandbox:
+class LocalSandbox(SessionBackend[_Worker]):
     """A stateful Python session in a bubblewrap sandbox on this machine (see the module docstring).
 
     Args:
@@ -576,18 +580,19 @@ class LocalSandbox:
         self._run_self_test = bool(self_test)
         self._seccomp = None if "seccomp" in self._disabled else _seccomp.deny_filter()
         self._use_cgroups = True
-        self._worker: _Worker | None = None
-        self._lock: asyncio.Lock | None = None
-        self._closed = False
-        self._calls = 0
-        self._died_idle = False
         self._started_once = False
+        super().__init__()
 
     # -- configuration -----------------------------------------------------------------------------
     @property
     def limits(self) -> Limits:
         """The maximum limits of this sandbox."""
         return self._limits
+
+    @property
+    def _worker(self) -> _Worker | None:
+        """The running worker, if any (tests reach in to kill it)."""
+        return self._session
 
     def config_key(self) -> tuple[Any, ...]:
         """What the self-test result depends on (limits differ only in size, so they are not part of it)."""
@@ -666,25 +671,14 @@ class LocalSandbox:
             a = ["/bin/sh", "-c", shim, "sh", *map(str, cgroup.procs_files), "--", *a]
         return a
 
-    # -- lifecycle ---------------------------------------------------------------------------------
-    def _get_lock(self) -> asyncio.Lock:
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        return self._lock
-
-    async def start(self) -> None:
-        """Run the self-test (once per process) and start the worker. Raises SandboxError on failure."""
-        if self._closed:
-            raise SandboxError("sandbox is closed")
-        async with self._get_lock():
-            await self._ensure_worker()
-
-    async def _ensure_worker(self) -> _Worker:
-        if self._worker is not None and not self._worker.dead:
-            return self._worker
-        if self._worker is not None:
-            await self._worker.kill()
-            self._worker = None
+    # -- lifecycle (start, reset, close: SessionBackend) ------------------------------------------
+    async def _ensure(self) -> _Worker:
+        """The running worker, started (after the process-wide self-test) when there is none."""
+        if self._session is not None and not self._session.dead:
+            return self._session
+        if self._session is not None:
+            await self._session.kill()
+            self._session = None
             self._died_idle = True
         if self._run_self_test:
             from .selftest import ensure_self_test
@@ -695,105 +689,54 @@ class LocalSandbox:
         if w.failed_limits and not self._unsafe:
             await w.kill()
             raise SandboxError(f"the sandbox could not apply rlimits {w.failed_limits}")
-        self._worker = w
+        self._session = w
         self._started_once = True
         return w
 
     async def run(self, code: str, *, timeout: float | None = None) -> ExecResult:
         """Run ``code`` in the session; see :class:`agentrl.protocols.Sandbox`."""
         t0 = time.perf_counter()
-        if not isinstance(code, str):
-            return ExecResult(ExecStatus.ERROR, message=f"code must be a str, got {type(code).__name__}")
-        try:
-            if timeout is not None and not math.isfinite(timeout) and timeout != math.inf:
-                raise ConfigError(f"timeout must be a number of seconds, got {timeout!r}")
-            limits = self._limits.clamp(wall_s=timeout) if timeout is not None else self._limits
-        except (ConfigError, TypeError) as e:
-            return ExecResult(ExecStatus.ERROR, message=str(e))
-        if self._closed:
-            return ExecResult(ExecStatus.SANDBOX_ERROR, message="sandbox is closed")
-        encoded_len = len(code.encode("utf-8", "surrogatepass"))
-        if encoded_len > self._max_code_bytes:
-            return ExecResult(
-                ExecStatus.ERROR,
-                message=f"code too large: {encoded_len:,} bytes (limit {self._max_code_bytes:,})",
-                duration_s=time.perf_counter() - t0,
-            )
+        limits = check_request(
+            code,
+            timeout,
+            limits=self._limits,
+            closed=self._closed,
+            max_code_bytes=self._max_code_bytes,
+            started=t0,
+        )
+        if isinstance(limits, ExecResult):
+            return limits
         async with self._get_lock():
-            try:
-                worker = await self._ensure_worker()
-            except SandboxError as e:
-                return ExecResult(
-                    ExecStatus.SANDBOX_ERROR, message=str(e), duration_s=time.perf_counter() - t0
-                )
-            lost_before, self._died_idle = self._died_idle, False
-            self._calls += 1
+            begun = await self._begin_call(t0)
+            if isinstance(begun, ExecResult):
+                return begun
+            worker, lost_before = begun
             try:
                 wall = 86400.0 if "wall" in self._disabled else limits.wall_s
                 outcome, call = await worker.run(code, wall, self._calls, limits.output_bytes)
             except asyncio.CancelledError:
                 worker.signal_kill()
-                self._worker = None
+                self._session = None
                 _spawn_background(worker._cleanup())
                 raise
             except Exception as e:  # the machinery, never the code
                 log.exception("sandbox call failed")
                 await worker.kill()
-                self._worker = None
+                self._session = None
                 return ExecResult(
                     ExecStatus.SANDBOX_ERROR,
                     message=f"Sandbox failure (not the code's fault): {e!r}",
                     duration_s=time.perf_counter() - t0,
                     state_lost=True,
                 )
-            if outcome.kind != "frame" or outcome.status == "exit":
-                await worker.kill()
-                self._worker = None
-            result = to_result(
-                outcome,
-                stdout=call.out.text(),
-                stderr=call.err.text(),
-                truncated=call.out.truncated or call.err.truncated,
-                duration_s=time.perf_counter() - t0,
-                limits=limits,
-                hard_cap=self._hard_cap,
-                state_lost_before=lost_before,
-            )
-            return result
-
-    async def reset(self) -> None:
-        """Discard all state: kill every process of the session and start a fresh worker."""
-        if self._closed:
-            raise SandboxError("sandbox is closed")
-        async with self._get_lock():
-            if self._worker is not None:
-                await self._worker.kill()
-                self._worker = None
-            self._died_idle = False
-            await self._ensure_worker()
-
-    async def close(self) -> None:
-        """Kill every process, remove the cgroups and scratch space. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        w, self._worker = self._worker, None
-        if w is not None:
-            await w.kill()
-
-    async def __aenter__(self) -> LocalSandbox:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+            return await self._end_call(worker, outcome, call, limits=limits, t0=t0, lost_before=lost_before)
 
     def __del__(self) -> None:
-        w = getattr(self, "_worker", None)
+        w = getattr(self, "_session", None)
         if w is not None and not w.dead:
             with contextlib.suppress(Exception):
                 w.signal_kill()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("running" if self._worker else "idle")
+        state = "closed" if self._closed else ("running" if self._session else "idle")
         return f"LocalSandbox({state}, limits={self._limits})"

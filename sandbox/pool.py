@@ -153,13 +153,7 @@ class SandboxPool:
         if self._idle:
             return self._idle.popleft()
         if self._live < self.size:
-            self._live += 1
-            try:
-                return await self._new()
-            except BaseException:
-                self._live -= 1
-                self._wake_slot()
-                raise
+            return await self._new_in_slot()
         waiting = sum(1 for w in self._waiters if not w.done())
         if waiting >= self.max_waiting:
             self._busy += 1
@@ -186,13 +180,7 @@ class SandboxPool:
             fut.cancel()
             raise
         if got is None:  # a slot (not a sandbox) was freed: make one
-            self._live += 1
-            try:
-                return await self._new()
-            except BaseException:
-                self._live -= 1
-                self._wake_slot()
-                raise
+            return await self._new_in_slot()
         return got
 
     def _hand_back(self, sb: Sandbox | None) -> None:
@@ -200,6 +188,17 @@ class SandboxPool:
             self._wake_slot()
         else:
             self._give(sb)
+
+    async def _new_in_slot(self) -> Sandbox:
+        """A new sandbox in a slot taken now; a failed start frees the slot for the first waiter."""
+        # The count goes up before the first await, so concurrent callers never pass the cap.
+        self._live += 1
+        try:
+            return await self._new()
+        except BaseException:
+            self._live -= 1
+            self._wake_slot()
+            raise
 
     async def _new(self) -> Sandbox:
         sb = self._factory()

@@ -1,7 +1,34 @@
-"""Suite-wide settings: never reach a model hub; keep BLAS to the machine's two cores."""
+"""Suite-wide settings (never reach a model hub; keep BLAS to the machine's two cores) and the fixtures that
+more than one test area uses."""
 
 import os
+
+import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+async def _probe(cls: type) -> str:
+    async with cls() as sb:
+        result = await sb.run("print(6 * 7)")
+    return result.stdout.strip() if result.ok else f"{result.status}: {result.message or result.stderr}"
+
+
+@pytest.fixture(scope="session")
+def local_sandbox_cls() -> type:
+    """``agentrl.sandbox.LocalSandbox``; the test is skipped (with the reason) where it cannot run."""
+    from agentrl._sync import run_sync
+
+    try:
+        from agentrl.sandbox import LocalSandbox
+    except ImportError as e:
+        pytest.skip(f"agentrl.sandbox.LocalSandbox is not importable: {e}")
+    try:
+        out = run_sync(_probe(LocalSandbox))
+    except Exception as e:
+        pytest.skip(f"LocalSandbox cannot start on this machine: {e!r}")
+    if out != "42":
+        pytest.skip(f"LocalSandbox does not run code on this machine: {out}")
+    return LocalSandbox

@@ -1,4 +1,4 @@
-"""Small helpers shared by the rollout tests."""
+"""Small helpers for the policy tests."""
 
 from __future__ import annotations
 
