@@ -1385,37 +1385,11 @@ def _pad_id(tokenizer: Any) -> int:
     return int(ChatRenderer(tokenizer).stop_token_ids[0])
 
 
-def _score_and_advantages(
-    run: Run, step: int, model: Any, tokenizer: Any, trained: list[int]
-) -> dict[str, Any]:
-    """Mirror of the trainer's scoring: collate → Learner.score → advantages (returns the pieces)."""
-    from agentrl.batch import collate
+def _learner_for(run: Run, model: Any) -> Any:
     from agentrl.config import config_from_dict
-    from agentrl.credit import compute_advantages
     from agentrl.learner import Learner, LearnerConfig
 
-    learner_cfg = config_from_dict(LearnerConfig, dict(run.setting("learner", {}) or {}))
-    learner = Learner(model, learner_cfg)
-    trajs = [run.trajectories[i] for i in trained]
-    batch = collate(trajs, pad_id=_pad_id(tokenizer)).to(learner.device)
-    logprobs, spi2 = learner.score(batch)
-    m = batch.loss_mask_B_T.bool()
-    mismatch = float((batch.old_logprobs_B_T - logprobs)[m].abs().max()) if m.any() else 0.0
-    batch = dataclasses.replace(batch, old_logprobs_B_T=logprobs)
-    estimator = str(run.setting("estimator", "otb"))
-    adv = compute_advantages(
-        estimator, batch.token_rewards_B_T, batch.loss_mask_B_T, logprobs, spi2, batch.group_ids
-    )
-    return {
-        "learner": learner,
-        "batch": batch,
-        "logprobs": logprobs,
-        "spi2": spi2,
-        "adv": adv,
-        "mismatch": mismatch,
-        "estimator": estimator,
-        "mask": m,
-    }
+    return Learner(model, config_from_dict(LearnerConfig, dict(run.setting("learner", {}) or {})))
 
 
 def _per_token(adv_B_T: Any, trajs: Sequence[Trajectory]) -> tuple[tuple[float | None, ...], ...]:
@@ -1441,8 +1415,15 @@ def step_advantages(
         return {}
     model, _ = load_weights(run, step, device=device, dtype=dtype)
     tok = tokenizer if tokenizer is not None else load_tokenizer_for(run)
-    parts = _score_and_advantages(run, step, model, tok, trained)
-    per = _per_token(parts["adv"], [run.trajectories[i] for i in trained])
+    from agentrl.update import score_and_credit
+
+    credit = score_and_credit(
+        _learner_for(run, model),
+        [run.trajectories[i] for i in trained],
+        estimator=str(run.setting("estimator", "otb")),
+        pad_id=_pad_id(tok),
+    )
+    per = _per_token(credit.advantages_B_T, [run.trajectories[i] for i in trained])
     return dict(zip(trained, per, strict=True))
 
 
@@ -1473,7 +1454,7 @@ def reproduce_step(
     checkpoint was rotated away, :class:`ConfigError` when the step has no metrics or trajectories.
     """
 
-    from agentrl.credit import variance_proxy_metrics
+    from agentrl.update import policy_update
 
     if run.run_dir is None:
         raise ConfigError(f"{run.path} is not a run directory (no config.json); --step needs one")
@@ -1497,19 +1478,14 @@ def reproduce_step(
     estimator = str(run.setting("estimator", "otb"))
     if trained:
         model, weights = load_weights(run, step, device=device, dtype=dtype)
-        parts = _score_and_advantages(run, step, model, tok, trained)
-        learner, batch, adv, m = parts["learner"], parts["batch"], parts["adv"], parts["mask"]
-        dev_s = str(learner.device)
-        got["learn/sampler_mismatch_max"] = parts["mismatch"]
-        stats = learner.step(batch, adv)
-        proxy = variance_proxy_metrics(
-            adv, batch.loss_mask_B_T, parts["logprobs"], parts["spi2"], grad_norm=stats.grad_norm
+        # The trainer's own update function, on the recorded episodes and the weights that sampled them.
+        learner = _learner_for(run, model)
+        update = policy_update(
+            learner, [run.trajectories[i] for i in trained], estimator=estimator, pad_id=_pad_id(tok)
         )
-        got.update(stats.to_dict(prefix="learn/"))
-        got.update(proxy.to_dict(prefix="variance/"))
-        got["learn/adv_mean"] = float(adv[m].mean()) if m.any() else 0.0
-        got["learn/adv_abs_mean"] = float(adv[m].abs().mean()) if m.any() else 0.0
-        advantages = _per_token(adv, [run.trajectories[i] for i in trained])
+        dev_s = str(learner.device)
+        got.update(update.metrics)
+        advantages = _per_token(update.credit.advantages_B_T, [run.trajectories[i] for i in trained])
     checks = []
     for name, value in got.items():
         if name not in row:

@@ -37,11 +37,9 @@ import torch
 
 import agentrl
 from agentrl import JsonlStore, Policy, Sampling, Trajectory, TrajectoryMeta, read_trajectories
-from agentrl.batch import collate
 from agentrl.chat import ChatRenderer
 from agentrl.checkpoint import CheckpointState, latest_checkpoint, load_checkpoint, save_checkpoint
 from agentrl.config import config_from_dict, config_to_dict
-from agentrl.credit import compute_advantages, variance_proxy_metrics
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner, LearnerConfig
 from agentrl.metrics import MetricsLogger
@@ -49,6 +47,7 @@ from agentrl.models import load_model, load_tokenizer, smollm2_dir, smollm2_toke
 from agentrl.policies import HFPolicy
 from agentrl.rollout import RolloutConfig, run_groups
 from agentrl.types import ToolStatus
+from agentrl.update import policy_update
 
 __all__ = ["RolloutSettings", "TrainConfig", "episode_metrics", "resolve_model", "task_seeds", "train"]
 
@@ -343,15 +342,7 @@ async def train(cfg: TrainConfig) -> Path:
     if ckpt is not None:
         start = load_checkpoint(ckpt, model=model, optimizer=learner.optimizer).step
         log(f"resumed {run_dir} at step {start} from {ckpt.name}")
-    policy = HFPolicy(
-        model,
-        tokenizer,
-        stop_token_ids=renderer.stop_token_ids,
-        device=device,
-        max_batch_size=cfg.rollout.concurrency,
-        version=start,
-        seed=cfg.seed + start,
-    )
+    policy = make_policy(cfg, model, tokenizer, renderer, device, version=start)
     rollout_cfg = RolloutConfig(
         max_turns=cfg.rollout.max_turns,
         sampling=Sampling(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature),
@@ -475,22 +466,10 @@ async def _train_step(
     row: dict[str, float] = episode_metrics(trajs)
     row["episodes/reused"] = float(sum(len(g) for g in reused.values()))
     if usable:
-        pad = tokenizer_pad_id(renderer)
-        batch = collate(usable, pad_id=pad).to(learner.device)
-        logprobs, spi2 = await asyncio.to_thread(learner.score, batch)
-        m = batch.loss_mask_B_T.bool()
-        # Sampler and learner should agree (same weights); the gap is the training-inference mismatch.
-        row["learn/sampler_mismatch_max"] = float((batch.old_logprobs_B_T - logprobs)[m].abs().max())
-        batch = dataclasses.replace(batch, old_logprobs_B_T=logprobs)
-        adv = compute_advantages(
-            cfg.estimator, batch.token_rewards_B_T, batch.loss_mask_B_T, logprobs, spi2, batch.group_ids
+        update = await asyncio.to_thread(
+            policy_update, learner, usable, estimator=cfg.estimator, pad_id=tokenizer_pad_id(renderer)
         )
-        stats = await asyncio.to_thread(learner.step, batch, adv)
-        proxy = variance_proxy_metrics(adv, batch.loss_mask_B_T, logprobs, spi2, grad_norm=stats.grad_norm)
-        row.update(stats.to_dict(prefix="learn/"))
-        row.update(proxy.to_dict(prefix="variance/"))
-        row["learn/adv_mean"] = float(adv[m].mean()) if m.any() else 0.0
-        row["learn/adv_abs_mean"] = float(adv[m].abs().mean()) if m.any() else 0.0
+        row.update(update.metrics)
     else:
         log(f"step {step}: every episode failed for infrastructure reasons; no update")
     await publish_weights(policy, learner.model, step + 1)
