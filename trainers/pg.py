@@ -326,13 +326,29 @@ def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, Path]:
     return cfg, run_dir
 
 
+@dataclass
+class _Session:
+    """What a running training loop holds (built once in :func:`train`, used by every step)."""
+
+    cfg: TrainConfig
+    run_dir: Path
+    make_env: Callable[[], agentrl.Env]
+    policy: Policy
+    renderer: ChatRenderer
+    rollout_cfg: RolloutConfig
+    store: JsonlStore
+    learner: Learner
+    metrics: MetricsLogger
+    stop: asyncio.Event
+
+
 async def train(cfg: TrainConfig) -> Path:
     """Run the training loop; return the run directory."""
     from agentrl.sandbox import LocalSandbox, SandboxPool
 
     cfg, run_dir = prepare_run(cfg)
     torch.manual_seed(cfg.seed)
-    log = print
+
     t0 = time.perf_counter()
     model, tokenizer, device = resolve_model(cfg)
     renderer = ChatRenderer(tokenizer)
@@ -341,7 +357,7 @@ async def train(cfg: TrainConfig) -> Path:
     ckpt = latest_checkpoint(run_dir)
     if ckpt is not None:
         start = load_checkpoint(ckpt, model=model, optimizer=learner.optimizer).step
-        log(f"resumed {run_dir} at step {start} from {ckpt.name}")
+        print(f"resumed {run_dir} at step {start} from {ckpt.name}")
     policy = make_policy(cfg, model, tokenizer, renderer, device, version=start)
     rollout_cfg = RolloutConfig(
         max_turns=cfg.rollout.max_turns,
@@ -353,7 +369,7 @@ async def train(cfg: TrainConfig) -> Path:
     store = JsonlStore(run_dir / "trajectories.jsonl")
     metrics = MetricsLogger(run_dir, backends=cfg.loggers, config=config_to_dict(cfg))
     metrics.truncate_from(start)
-    log(
+    print(
         f"agentrl train: {cfg.model} on {cfg.env}, {cfg.estimator}, {cfg.groups_per_step}x{cfg.group_size} "
         f"episodes/step, steps {start}..{cfg.steps - 1}, run dir {run_dir} "
         f"(setup {time.perf_counter() - t0:.1f}s)"
@@ -367,22 +383,20 @@ async def train(cfg: TrainConfig) -> Path:
     pool = SandboxPool(LocalSandbox, size=cfg.rollout.concurrency, max_waiting=4 * cfg.rollout.concurrency)
     try:
         async with pool:
-            make_env = _env_factory(cfg, pool)
+            session = _Session(
+                cfg,
+                run_dir,
+                _env_factory(cfg, pool),
+                policy,
+                renderer,
+                rollout_cfg,
+                store,
+                learner,
+                metrics,
+                stop,
+            )
             for step in range(start, cfg.steps):
-                done = await _train_step(
-                    cfg,
-                    step,
-                    run_dir,
-                    make_env,
-                    policy,
-                    renderer,
-                    rollout_cfg,
-                    store,
-                    learner,
-                    metrics,
-                    stop,
-                    log,
-                )
+                done = await _train_step(session, step)
                 if not done:
                     break
                 if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
@@ -411,29 +425,17 @@ async def train(cfg: TrainConfig) -> Path:
                 state=CheckpointState(step, step, {"next_step": step}),
                 keep=cfg.keep_checkpoints,
             )
-        log(f"stopped by signal during step {step}; resume with: agentrl train --resume {run_dir}")
+        print(f"stopped by signal during step {step}; resume with: agentrl train --resume {run_dir}")
         raise KeyboardInterrupt
     return run_dir
 
 
-async def _train_step(
-    cfg: TrainConfig,
-    step: int,
-    run_dir: Path,
-    make_env: Callable[[], agentrl.Env],
-    policy: Policy,
-    renderer: ChatRenderer,
-    rollout_cfg: RolloutConfig,
-    store: JsonlStore,
-    learner: Learner,
-    metrics: MetricsLogger,
-    stop: asyncio.Event,
-    log: Callable[..., None],
-) -> bool:
+async def _train_step(s: _Session, step: int) -> bool:
     """One training step. Returns False when a stop was requested before it finished."""
+    cfg, policy, learner = s.cfg, s.policy, s.learner
     t_step = time.perf_counter()
     seeds = task_seeds(cfg.seed, step, cfg.groups_per_step)
-    reused = _complete_groups(run_dir, step, cfg.group_size)
+    reused = _complete_groups(s.run_dir, step, cfg.group_size)
     trajs = [t for g in reused.values() for t in g]
     todo = [s for s in seeds if f"{cfg.env}:{s}" not in reused]
     total = len(todo) * cfg.group_size
@@ -442,14 +444,14 @@ async def _train_step(
 
     async def rollout() -> None:
         async for traj in run_groups(
-            make_env, policy, renderer, rollout_cfg, seeds=todo, group_size=cfg.group_size, meta=meta
+            s.make_env, policy, s.renderer, s.rollout_cfg, seeds=todo, group_size=cfg.group_size, meta=meta
         ):
-            await store.append(traj)
+            await s.store.append(traj)
             trajs.append(traj)
             bar.update(reward=f"{traj.reward:.2f}")
 
     rollout_task = asyncio.ensure_future(rollout())
-    stop_task = asyncio.ensure_future(stop.wait())
+    stop_task = asyncio.ensure_future(s.stop.wait())
     await asyncio.wait({rollout_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
     stop_task.cancel()
     if not rollout_task.done():
@@ -467,17 +469,17 @@ async def _train_step(
     row["episodes/reused"] = float(sum(len(g) for g in reused.values()))
     if usable:
         update = await asyncio.to_thread(
-            policy_update, learner, usable, estimator=cfg.estimator, pad_id=tokenizer_pad_id(renderer)
+            policy_update, learner, usable, estimator=cfg.estimator, pad_id=tokenizer_pad_id(s.renderer)
         )
         row.update(update.metrics)
     else:
-        log(f"step {step}: every episode failed for infrastructure reasons; no update")
+        print(f"step {step}: every episode failed for infrastructure reasons; no update")
     await publish_weights(policy, learner.model, step + 1)
     row["time/rollout_s"] = t_rollout
     row["time/learn_s"] = time.perf_counter() - t_learn
     row["time/step_s"] = time.perf_counter() - t_step
-    metrics.log(step, row)
-    log(_format_row(step, row))
+    s.metrics.log(step, row)
+    print(_format_row(step, row))
     return True
 
 
