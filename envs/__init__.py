@@ -5,6 +5,9 @@ Loaded automatically through the ``agentrl.envs`` entry point, so ``agentrl.make
 """
 
 from agentrl import register
+from agentrl.envs.tool_env import Task, ToolEnv
+
+__all__ = ["Task", "ToolEnv"]
 
 register("guess-number-v0", "agentrl.envs.guess_number:GuessNumberEnv")
 register("exact-answer-v0", "agentrl.envs.exact_answer:ExactAnswerEnv")
