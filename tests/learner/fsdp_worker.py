@@ -42,8 +42,9 @@ def main() -> None:
         }
         with open(out, "w") as f:
             json.dump(result, f)
-        # Both ranks reach this point before either tears gloo down; tearing down while the peer still
-        # holds the pair open can abort in gloo's C++ threads ("terminate called without an active exception").
+        # Both ranks reach this point before either tears gloo down: tearing down while the peer still
+        # holds the pair open can abort in gloo's C++ threads
+        # ("terminate called without an active exception").
         dist.barrier()
     finally:
         dist.destroy_process_group()
