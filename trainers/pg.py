@@ -340,6 +340,8 @@ class _Session:
     learner: Learner
     metrics: MetricsLogger
     stop: asyncio.Event
+    first_step: int
+    """The step this process started at: only it can find its own episodes already on disk (a resume)."""
 
 
 async def train(cfg: TrainConfig) -> Path:
@@ -394,6 +396,7 @@ async def train(cfg: TrainConfig) -> Path:
                 learner,
                 metrics,
                 stop,
+                first_step=start,
             )
             for step in range(start, cfg.steps):
                 done = await _train_step(session, step)
@@ -435,9 +438,10 @@ async def _train_step(s: _Session, step: int) -> bool:
     cfg, policy, learner = s.cfg, s.policy, s.learner
     t_step = time.perf_counter()
     seeds = task_seeds(cfg.seed, step, cfg.groups_per_step)
-    reused = _complete_groups(s.run_dir, step, cfg.group_size)
+    # Reading the run's trajectories back is only needed once, for the step a resumed run starts at.
+    reused = _complete_groups(s.run_dir, step, cfg.group_size) if step == s.first_step else {}
     trajs = [t for g in reused.values() for t in g]
-    todo = [s for s in seeds if f"{cfg.env}:{s}" not in reused]
+    todo = [seed for seed in seeds if f"{cfg.env}:{seed}" not in reused]
     total = len(todo) * cfg.group_size
     bar = _Progress(cfg.progress, total, f"step {step} rollout")
     meta = TrajectoryMeta(env_id=cfg.env, step=step, policy_version=policy.version)

@@ -1,23 +1,13 @@
-"""Fixtures for the policy tests: the real SmolLM2 tokenizer and a tiny random model over it."""
+"""Fixtures for the policy tests: a tiny random model over the real SmolLM2 tokenizer (``tok`` and
+``renderer`` come from tests/conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from agentrl.chat import ChatRenderer
-from agentrl.models import smollm2_tokenizer, tiny_model
+from agentrl.models import tiny_model
 
 from .policy_helpers import stop_biased
-
-
-@pytest.fixture(scope="session")
-def tok():
-    return smollm2_tokenizer()
-
-
-@pytest.fixture(scope="session")
-def renderer(tok):
-    return ChatRenderer(tok)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -65,9 +64,3 @@ def tiny_run(replay_runs: dict[str, Path]) -> Path:
 def scripted_run(replay_runs: dict[str, Path]) -> Path:
     return replay_runs["scripted"]
 
-
-@pytest.fixture(scope="session")
-def tok() -> Any:
-    from agentrl.models import smollm2_tokenizer
-
-    return smollm2_tokenizer()
