@@ -469,6 +469,11 @@ async def run_group(
         raise
 
 
+def _groups_in_flight(cfg: RolloutConfig, group_size: int) -> int:
+    """Groups started at once: enough to keep ``concurrency`` episodes busy, plus one waiting in line."""
+    return max(1, -(-cfg.concurrency // group_size)) + 1
+
+
 async def iter_groups(
     env: EnvSource,
     policy: Policy,
@@ -486,7 +491,7 @@ async def iter_groups(
     """
     cfg = config or RolloutConfig()
     limit = asyncio.Semaphore(cfg.concurrency)
-    max_groups = max(1, -(-cfg.concurrency // group_size)) + 1
+    max_groups = _groups_in_flight(cfg, group_size)
     seed_iter = iter(seeds)
     pending: set[asyncio.Task[list[Trajectory]]] = set()
 
@@ -537,7 +542,7 @@ async def run_groups(
     async def drive() -> None:
         tasks: set[asyncio.Future[None]] = set()
         limit = asyncio.Semaphore(cfg.concurrency)
-        sem = asyncio.Semaphore(max(1, -(-cfg.concurrency // group_size)) + 1)
+        sem = asyncio.Semaphore(_groups_in_flight(cfg, group_size))
 
         async def group(s: int) -> None:
             try:
