@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from agentrl.env import Env, Observation, StepReturn
+from agentrl.env import Env, Observation, StepResult
 from agentrl.errors import ConfigError
 from agentrl.execution import ExecResult, ExecStatus, Limits
 from agentrl.protocols import FinishReason, Generation, Sampling, ToolContext, ToolOutput
@@ -178,9 +178,8 @@ class EchoEnv(Env):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, dict[str, Any]]:
         self.seed(seed)
-        self.word = self.np_random.choice(self.WORDS)
+        self.word = self.rng.choice(self.WORDS)
         return (Message("user", f"Repeat exactly: {self.word}"),), {"answer": self.word}
 
-    async def step(self, action: Action) -> StepReturn:
-        reward = 1.0 if action.text.strip() == self.word else 0.0
-        return (), reward, True, False, {}
+    async def step(self, action: Action) -> StepResult:
+        return StepResult(reward=float(action.text.strip() == self.word), terminated=True)
