@@ -15,7 +15,8 @@ The whole contract::
 
 ``step`` returns a :class:`StepResult`. Gymnasium's 5-tuple ``(observation, reward, terminated, truncated,
 info)`` is accepted as well and read by :func:`as_step_result` as a ``StepResult`` with no parsed
-assistant message and no tool records; its ``info`` is the env's own and nothing in it is interpreted.
+assistant message and no tool records; its ``info`` is the env's own and nothing in it is read (an
+agentrl ``Message``/``ToolRecord`` under the old ``info`` keys is refused rather than silently dropped).
 """
 
 from __future__ import annotations
@@ -59,12 +60,7 @@ class StepResult:
     """The env's own diagnostics, free for its author; agentrl reads nothing in it."""
 
     def __post_init__(self) -> None:
-        obs = self.observation
-        if isinstance(obs, list):
-            obs = tuple(obs)
-            object.__setattr__(self, "observation", obs)
-        if not isinstance(obs, tuple) or not all(isinstance(m, Message) for m in obs):
-            raise EnvContractError(f"step's observation must be a tuple of Message, got {obs!r:.200}")
+        object.__setattr__(self, "observation", _tuple_of(self.observation, Message, "observation"))
         r = self.reward
         if isinstance(r, bool) or not isinstance(r, int | float) or not math.isfinite(r):
             raise EnvContractError(f"step's reward must be a finite float, got {r!r}")
@@ -76,12 +72,7 @@ class StepResult:
         msg = self.assistant_message
         if msg is not None and not (isinstance(msg, Message) and msg.role == "assistant"):
             raise EnvContractError(f"step's assistant_message must be an assistant Message, got {msg!r:.200}")
-        calls = self.tool_calls
-        if isinstance(calls, list):
-            calls = tuple(calls)
-            object.__setattr__(self, "tool_calls", calls)
-        if not isinstance(calls, tuple) or not all(isinstance(c, ToolRecord) for c in calls):
-            raise EnvContractError(f"step's tool_calls must be a tuple of ToolRecord, got {calls!r:.200}")
+        object.__setattr__(self, "tool_calls", _tuple_of(self.tool_calls, ToolRecord, "tool_calls"))
         if not isinstance(self.info, Mapping):
             raise EnvContractError(f"step's info must be a dict, got {type(self.info).__name__}")
 
@@ -97,6 +88,14 @@ class StepResult:
     def to_gymnasium(self) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         """Gymnasium's ``(observation, reward, terminated, truncated, info)`` (``info`` copied)."""
         return self.observation, self.reward, self.terminated, self.truncated, dict(self.info)
+
+
+def _tuple_of(value: Any, kind: type, what: str) -> tuple[Any, ...]:
+    """``value`` as a tuple of ``kind`` (a list is accepted and converted)."""
+    items = tuple(value) if isinstance(value, list) else value
+    if not isinstance(items, tuple) or not all(isinstance(x, kind) for x in items):
+        raise EnvContractError(f"step's {what} must be a tuple of {kind.__name__}, got {value!r:.200}")
+    return items
 
 
 _OLD_INFO_KEYS = ("assistant_message", "tool_records")
@@ -134,9 +133,9 @@ class Env(ABC):
     model's turn (:class:`Action`: its text and sampled ids) and says what the model sees next, the reward,
     whether the episode ended (``terminated``: the task ended; ``truncated``: a rule of the env cut it
     short), and, for tool envs, the parsed assistant message and the tool records. ``close()`` releases
-    resources (sandboxes). The turn and token limits belong to the rollout (:class:`agentrl.rollout.
-    RolloutConfig`), not the env; a standalone Gymnasium user gets one from ``gymnasium.make(...,
-    max_episode_steps=N)``.
+    resources (sandboxes). The turn and token limits belong to the rollout
+    (:class:`~agentrl.episode.RolloutConfig`), not the env; a standalone Gymnasium user sets one with
+    ``gymnasium.make(..., max_episode_steps=N)``.
 
     Bad actions (unparseable text, malformed tool calls) are the model's business: answer them with a
     message and a reward, never an exception. Raise only when the env itself is broken; the rollout records

@@ -33,7 +33,6 @@ __all__ = [
     "EpisodeDone",
     "RolloutConfig",
     "collect",
-    "env_factory",
     "run_episode",
     "run_group",
     "run_groups",
@@ -53,7 +52,7 @@ class EpisodeDone:
     """The whole group when this episode was the last of its group to finish, else ``None``."""
 
 
-def env_factory(env: EnvSource) -> tuple[Callable[[], Env], str]:
+def _env_factory(env: EnvSource) -> tuple[Callable[[], Env], str]:
     """``(factory, env id)`` for an :data:`EnvSource`; an unknown id fails here, before any episode runs."""
     if isinstance(env, str):
         from agentrl.registry import make, spec
@@ -82,9 +81,10 @@ async def _run_group(
     seed: int,
     meta: TrajectoryMeta | None,
     limit: asyncio.Semaphore,
-    emit: Callable[[EpisodeDone], None] | None,
-) -> TrajectoryGroup:
-    """The one group runner: every member in its own env, ``emit`` told of each as it finishes."""
+    emit: Callable[[EpisodeDone], None],
+) -> None:
+    """The one group runner: every member in its own env, ``emit`` told of each as it finishes (the last
+    one with the whole group)."""
     base = meta or TrajectoryMeta()
     base = dataclasses.replace(
         base,
@@ -93,7 +93,6 @@ async def _run_group(
         group_id=base.group_id or uuid.uuid4().hex,
     )
     finished: list[Trajectory] = []
-    whole: list[TrajectoryGroup] = []
 
     async def one(member: int) -> None:
         async with limit:
@@ -103,11 +102,7 @@ async def _run_group(
             finally:
                 await e.close()
         finished.append(traj)
-        group = TrajectoryGroup(tuple(finished)) if len(finished) == group_size else None
-        if group is not None:
-            whole.append(group)
-        if emit is not None:
-            emit(EpisodeDone(traj, group))
+        emit(EpisodeDone(traj, TrajectoryGroup(tuple(finished)) if len(finished) == group_size else None))
 
     tasks = [asyncio.ensure_future(one(m)) for m in range(group_size)]
     try:
@@ -118,7 +113,6 @@ async def _run_group(
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
-    return whole[0]
 
 
 async def run_group(
@@ -135,24 +129,17 @@ async def run_group(
 
     Each member gets a fresh env (built from ``env`` and closed afterwards). The members share
     ``meta.group_id`` (a new id when empty) and ``task_id`` (``"<env id>:<seed>"`` when empty), which link
-    them for group-relative credit assignment. Members are in the order they finished.
+    them for group-relative credit assignment. Members are in the order they finished. The same scheduler
+    as :func:`run_groups`, for one seed.
     """
-    _check_group_size(group_size)
-    cfg = config or RolloutConfig()
-    factory, env_id = env_factory(env)
-    limit = asyncio.Semaphore(cfg.concurrency)
-    return await _run_group(
-        factory,
-        env_id,
-        policy,
-        renderer,
-        cfg,
-        group_size=group_size,
-        seed=seed,
-        meta=meta,
-        limit=limit,
-        emit=None,
-    )
+    (group,) = [
+        done.group
+        async for done in run_groups(
+            env, policy, renderer, config, seeds=(seed,), group_size=group_size, meta=meta
+        )
+        if done.group is not None
+    ]
+    return group
 
 
 async def run_groups(
@@ -181,7 +168,7 @@ async def run_groups(
     """
     _check_group_size(group_size)
     cfg = config or RolloutConfig()
-    factory, env_id = env_factory(env)
+    factory, env_id = _env_factory(env)
     queue: asyncio.Queue[EpisodeDone | BaseException | None] = asyncio.Queue()
     limit = asyncio.Semaphore(cfg.concurrency)
     slots = asyncio.Semaphore(max(1, -(-cfg.concurrency // group_size)) + 1)

@@ -22,6 +22,7 @@ from typing import Any
 from agentrl.env import Env, Observation, StepResult
 from agentrl.errors import ConfigError
 from agentrl.execution import ExecResult, ExecStatus, Limits
+from agentrl.groups import TrajectoryGroup, group_trajectories
 from agentrl.protocols import FinishReason, Generation, Sampling, ToolContext, ToolOutput
 from agentrl.types import Action, Message, Trajectory
 
@@ -167,6 +168,10 @@ class MemoryStore:
 
     def read(self) -> Iterator[Trajectory]:
         return iter(list(self.trajectories))
+
+    def read_groups(self, *, size: int | None = None) -> Iterator[TrajectoryGroup]:
+        """The stored trajectories as groups, as :meth:`agentrl.JsonlStore.read_groups` reads them."""
+        return group_trajectories(list(self.trajectories), size=size)
 
 
 class EchoEnv(Env):

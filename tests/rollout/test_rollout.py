@@ -298,9 +298,11 @@ async def test_pitfall_7_one_parser_for_eval_and_train(renderer):
         recorded.append(traj.messages[1])
     assert recorded[0] is env.parsed[0] and recorded[1] is env.parsed[1]
     assert recorded[0] == recorded[1]
-    import agentrl.rollout as rollout_module
+    import agentrl.episode
+    import agentrl.rollout
 
-    assert not any("tool_call" in name.lower() or "parse" in name.lower() for name in vars(rollout_module))
+    for module in (agentrl.episode, agentrl.rollout):
+        assert not any("tool_call" in name.lower() or "parse" in name.lower() for name in vars(module))
 
 
 async def test_pitfall_8_mask_logprob_alignment_after_edits(renderer):
@@ -536,7 +538,7 @@ async def test_collect_writes_audited_trajectories(renderer, tmp_path):
     await collect(
         EchoEnv, scripted(renderer, "apple"), renderer, n_groups=1, group_size=2, store=mem, config=CFG
     )
-    assert len(mem.trajectories) == 2
+    assert len(mem.trajectories) == 2 and [len(g) for g in mem.read_groups(size=2)] == [2]
     # The store streams the same groups back, member for member.
     assert [[t.meta.episode_id for t in g] for g in store.read_groups(size=2)] == [
         [t.meta.episode_id for t in g] for g in groups
