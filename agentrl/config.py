@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import inspect
 import itertools
 import json
@@ -130,13 +131,17 @@ def add_config_arguments(
 ) -> None:
     """Add one flag per (nested) field of ``cls``; ``aliases`` maps short flags to dotted paths."""
     reverse = {v: k for k, v in aliases.items()}
+    try:  # a nested config's defaults are those of the outer config's default instance, not its class's
+        base: Any = cls()
+    except (TypeError, ConfigError):
+        base = None
     for path, f, tp, doc in _walk(cls):
         flags = [f"--{path}"]
         if "_" in path:
             flags.append(f"--{path.replace('_', '-')}")
         if path in reverse:
             flags.append(f"--{reverse[path]}")
-        default = _default(f)
+        default = _default(f) if base is None else functools.reduce(getattr, path.split("."), base)
         leaf, _ = _leaf_type(tp)
         choices = ""
         if isinstance(leaf, type) and issubclass(leaf, Enum):

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import AgentRLError, AuditError, ConfigError, StoreError
+from agentrl.groups import group_trajectories
 from agentrl.store import StoreIssue, read_trajectories
 from agentrl.types import Message, StopReason, TokenSource, ToolRecord, ToolStatus, Trajectory
 
@@ -880,7 +881,7 @@ async def areexec(
         env = factory()
     except Exception as e:
         return fail(f"building the env failed: {type(e).__name__}: {e}")
-    from agentrl.env import INFO_ASSISTANT_MESSAGE, INFO_TOOL_RECORDS
+    from agentrl.env import as_step_result
     from agentrl.types import Action
 
     steps: list[StepReplay] = []
@@ -906,19 +907,14 @@ async def areexec(
             rec_reward = traj.rewards[k] if k < len(traj.rewards) else None
             rec_calls = [c for c in traj.tool_calls if c.turn == k]
             try:
-                out = await env.step(Action(text=action, token_ids=tuple(ids)))
-                new_obs, reward, term, trunc, info = out
+                res = as_step_result(await env.step(Action(text=action, token_ids=tuple(ids))))
+                new_obs, reward, term, trunc = res.observation, res.reward, res.terminated, res.truncated
             except Exception as e:
                 steps.append(StepReplay(k, rec_reward, None, False, False, "", f"{type(e).__name__}: {e}"))
                 calls.extend(_pair_calls(rec_calls, ()))
                 break
             end = (bool(term), bool(trunc))
-            parsed = info.get(INFO_ASSISTANT_MESSAGE)
-            asst = (
-                parsed
-                if isinstance(parsed, Message) and parsed.role == "assistant"
-                else Message("assistant", action)
-            )
+            asst = res.assistant_message or Message("assistant", action)
             asst_same = rec_asst is None or _msg_lines([rec_asst]) == _msg_lines([asst])
             want_o, got_o = _msg_lines(rec_obs), _msg_lines(tuple(new_obs))
             obs_same = want_o == got_o
@@ -929,8 +925,7 @@ async def areexec(
                     _msg_lines([asst]) + got_o,
                 )
             steps.append(StepReplay(k, rec_reward, float(reward), obs_same, asst_same, diff))
-            records = tuple(r for r in (info.get(INFO_TOOL_RECORDS) or ()) if isinstance(r, ToolRecord))
-            calls.extend(_pair_calls(rec_calls, records))
+            calls.extend(_pair_calls(rec_calls, res.tool_calls))
             if term or trunc:
                 break
         # Recorded calls of turns the replay never reached.
@@ -1372,7 +1367,10 @@ def step_batch(run: Run, step: int) -> tuple[list[int], list[int]]:
         raise ConfigError(f"no trajectory of step {step} in {run.trajectories_path}")
     keep = {g for g, ix in members.items() if group_size is None or len(ix) == int(group_size)}
     all_idx = [i for i, t in enumerate(run.trajectories) if t.meta.step == step and t.meta.group_id in keep]
-    trained = [i for i in all_idx if not run.trajectories[i].infra_failure]
+    # The trainer's rows: groups in the order they completed, members in finishing order (= file order).
+    pos = {id(run.trajectories[i]): i for i in all_idx}
+    groups = group_trajectories(run.trajectories[i] for i in all_idx)
+    trained = [pos[id(t)] for g in groups for t in g if not t.infra_failure]
     return all_idx, trained
 
 
@@ -1419,7 +1417,7 @@ def step_advantages(
 
     credit = score_and_credit(
         _learner_for(run, model),
-        [run.trajectories[i] for i in trained],
+        list(group_trajectories(run.trajectories[i] for i in trained)),
         estimator=str(run.setting("estimator", "otb")),
         pad_id=_pad_id(tok),
     )
@@ -1480,9 +1478,8 @@ def reproduce_step(
         model, weights = load_weights(run, step, device=device, dtype=dtype)
         # The trainer's own update function, on the recorded episodes and the weights that sampled them.
         learner = _learner_for(run, model)
-        update = policy_update(
-            learner, [run.trajectories[i] for i in trained], estimator=estimator, pad_id=_pad_id(tok)
-        )
+        groups = list(group_trajectories(run.trajectories[i] for i in trained))
+        update = policy_update(learner, groups, estimator=estimator, pad_id=_pad_id(tok))
         dev_s = str(learner.device)
         got.update(update.metrics)
         advantages = _per_token(update.credit.advantages_B_T, [run.trajectories[i] for i in trained])

@@ -19,9 +19,10 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from agentrl.env import Env, Observation, StepReturn
+from agentrl.env import Env, Observation, StepResult
 from agentrl.errors import ConfigError
 from agentrl.execution import ExecResult, ExecStatus, Limits
+from agentrl.groups import TrajectoryGroup, group_trajectories
 from agentrl.protocols import FinishReason, Generation, Sampling, ToolContext, ToolOutput
 from agentrl.types import Action, Message, Trajectory
 
@@ -168,6 +169,10 @@ class MemoryStore:
     def read(self) -> Iterator[Trajectory]:
         return iter(list(self.trajectories))
 
+    def read_groups(self, *, size: int | None = None) -> Iterator[TrajectoryGroup]:
+        """The stored trajectories as groups, as :meth:`agentrl.JsonlStore.read_groups` reads them."""
+        return group_trajectories(list(self.trajectories), size=size)
+
 
 class EchoEnv(Env):
     """Asks the model to repeat a seeded word; reward 1 for an exact repeat. One turn."""
@@ -178,9 +183,8 @@ class EchoEnv(Env):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, dict[str, Any]]:
         self.seed(seed)
-        self.word = self.np_random.choice(self.WORDS)
+        self.word = self.rng.choice(self.WORDS)
         return (Message("user", f"Repeat exactly: {self.word}"),), {"answer": self.word}
 
-    async def step(self, action: Action) -> StepReturn:
-        reward = 1.0 if action.text.strip() == self.word else 0.0
-        return (), reward, True, False, {}
+    async def step(self, action: Action) -> StepResult:
+        return StepResult(reward=float(action.text.strip() == self.word), terminated=True)

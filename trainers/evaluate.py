@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import torch
 
 import agentrl
-from agentrl import Sampling, TrajectoryMeta
+from agentrl import TrajectoryMeta
 from agentrl.chat import ChatRenderer
 from agentrl.errors import ConfigError
 from agentrl.models import load_model, load_tokenizer, smollm2_dir
@@ -87,12 +86,10 @@ async def evaluate(
         device=device,
         seed=seed,
     )
-    cfg = RolloutConfig(
-        max_turns=max_turns, sampling=Sampling(max_new_tokens=max_new_tokens, temperature=temperature)
-    )
-    by_task: dict[str, list[float]] = defaultdict(list)
+    cfg = RolloutConfig(max_turns=max_turns, max_new_tokens=max_new_tokens, temperature=temperature)
+    by_task: dict[str, list[float]] = {}
     infra = 0
-    async for traj in run_groups(
+    async for done in run_groups(
         lambda: agentrl.make(env, **kwargs),
         policy,
         renderer,
@@ -101,10 +98,11 @@ async def evaluate(
         group_size=k,
         meta=TrajectoryMeta(env_id=env),
     ):
-        if traj.infra_failure:
-            infra += 1
-        else:
-            by_task[traj.meta.task_id].append(traj.reward)
+        usable = done.group.usable() if done.group is not None else None
+        if done.group is not None:
+            infra += done.group.infra_failures
+        if usable is not None:
+            by_task[usable.task_id] = list(usable.rewards)
     rewards = [r for rs in by_task.values() for r in rs]
     full = [rs for rs in by_task.values() if len(rs) == k]
     return EvalReport(

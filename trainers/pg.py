@@ -4,16 +4,18 @@ One step, top to bottom::
 
     tasks for step k (deterministic in seed and k)
       → run_groups: N episodes per task with the current policy, each trajectory appended to
-        <run>/trajectories.jsonl the moment it finishes
+        <run>/trajectories.jsonl the moment it finishes, each TrajectoryGroup kept as it completes
       → drop infra failures (never scored as reward 0)
-      → collate → Learner.score (log π and Σπ² of the current weights) → compute_advantages(estimator)
+      → policy_update(groups): collate → Learner.score (log π and Σπ² of the current weights)
+        → compute_advantages(estimator), baselines within each group
       → Learner.step (PPO-clip / REINFORCE) → the policy sees the new weights (version k+1)
       → one line in <run>/metrics.jsonl, a checkpoint in <run>/checkpoints/step-<k+1>
 
 Resume (``--resume RUN``) loads the last checkpoint (weights, optimizer, RNG, data position), drops
 metrics lines of steps it will redo, and reuses every *complete* group of the interrupted step that is already
-on disk (they were sampled by the same weights), so no finished trajectory is lost and no step is logged
-twice. SIGINT/SIGTERM stop the rollout, keep what finished, checkpoint and exit.
+on disk (read back with ``agentrl.store.read_groups``; they were sampled by the same weights), so no finished
+trajectory is lost and no step is logged twice. SIGINT/SIGTERM stop the rollout, keep what finished,
+checkpoint and exit.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import os
 import signal
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ from typing import Any, Literal
 import torch
 
 import agentrl
-from agentrl import JsonlStore, Policy, Sampling, Trajectory, TrajectoryMeta, read_trajectories
+from agentrl import JsonlStore, Policy, Trajectory, TrajectoryGroup, TrajectoryMeta, read_groups
 from agentrl.chat import ChatRenderer
 from agentrl.checkpoint import CheckpointState, latest_checkpoint, load_checkpoint, save_checkpoint
 from agentrl.config import config_from_dict, config_to_dict
@@ -49,25 +50,9 @@ from agentrl.rollout import RolloutConfig, run_groups
 from agentrl.types import ToolStatus
 from agentrl.update import policy_update
 
-__all__ = ["RolloutSettings", "TrainConfig", "episode_metrics", "resolve_model", "task_seeds", "train"]
+__all__ = ["TrainConfig", "episode_metrics", "resolve_model", "task_seeds", "train"]
 
 Estimator = Literal["otb", "grpo", "rloo", "opo", "none"]
-
-
-@dataclass(frozen=True)
-class RolloutSettings:
-    """How episodes are sampled."""
-
-    max_turns: int = 3
-    """Most model turns per episode (truncated past it)."""
-    max_new_tokens: int = 96
-    """Most tokens the model may sample in one turn."""
-    max_total_tokens: int = 1024
-    """Context budget for a whole episode: prompt, turns and tool output."""
-    temperature: float = 1.0
-    """Sampling temperature (the learner uses the same one for its log-probs)."""
-    concurrency: int = 16
-    """Episodes in flight at once; the HF policy batches their turns together."""
 
 
 @dataclass(frozen=True)
@@ -102,8 +87,13 @@ class TrainConfig:
     policy: Literal["auto", "hf", "vllm"] = "auto"
     """Sampler: hf (transformers, shares the learner's weights) or vllm (in-process engine on the GPU, weights
     pushed in memory after each step); auto picks vllm on CUDA when it is installed, else hf."""
-    rollout: RolloutSettings = field(default_factory=RolloutSettings)
-    """Sampling settings."""
+    rollout: RolloutConfig = field(
+        default_factory=lambda: RolloutConfig(
+            max_turns=3, max_new_tokens=96, max_total_tokens=1024, concurrency=16, on_template_mismatch="stop"
+        )
+    )
+    """How episodes run: turn and token limits, sampling, concurrency (the HF policy batches the turns of
+    the episodes in flight)."""
     learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(lr=2e-6, micro_batch_tokens=4096))
     """Loss, optimizer and memory settings."""
     checkpoint_every: int = 1
@@ -125,6 +115,11 @@ class TrainConfig:
             print(f"note: --group-size 1 gives {self.estimator} no baseline to subtract", file=sys.stderr)
         if not isinstance(self.env_kwargs, dict):
             raise ConfigError("--env-kwargs must be a JSON object")
+        if self.rollout.top_p != 1.0:
+            raise ConfigError(
+                f"--rollout.top-p {self.rollout.top_p}: the learner scores the full distribution, so nucleus "
+                "sampling would train on log-probs the sampler never used; keep 1"
+            )
         if not math.isclose(self.rollout.temperature, self.learner.temperature):
             raise ConfigError(
                 f"--rollout.temperature ({self.rollout.temperature}) and --learner.temperature "
@@ -258,15 +253,12 @@ def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     }
 
 
-def _complete_groups(run_dir: Path, step: int, group_size: int) -> dict[str, list[Trajectory]]:
-    """Finished groups of ``step`` already on disk, by task id (a resumed step reuses them)."""
-    by_group: dict[str, list[Trajectory]] = defaultdict(list)
+def _complete_groups(run_dir: Path, step: int, group_size: int) -> list[TrajectoryGroup]:
+    """Finished groups of ``step`` on disk, in the order they completed (a resumed step reuses them)."""
     path = run_dir / "trajectories.jsonl"
-    if path.exists():
-        for t in read_trajectories(path):
-            if t.meta.step == step:
-                by_group[t.meta.group_id].append(t)
-    return {g[0].meta.task_id: g for g in by_group.values() if len(g) == group_size}
+    if not path.exists():
+        return []
+    return [g for g in read_groups(path, size=group_size) if g[0].meta.step == step]
 
 
 class _Progress:
@@ -335,7 +327,6 @@ class _Session:
     make_env: Callable[[], agentrl.Env]
     policy: Policy
     renderer: ChatRenderer
-    rollout_cfg: RolloutConfig
     store: JsonlStore
     learner: Learner
     metrics: MetricsLogger
@@ -361,13 +352,6 @@ async def train(cfg: TrainConfig) -> Path:
         start = load_checkpoint(ckpt, model=model, optimizer=learner.optimizer).step
         print(f"resumed {run_dir} at step {start} from {ckpt.name}")
     policy = make_policy(cfg, model, tokenizer, renderer, device, version=start)
-    rollout_cfg = RolloutConfig(
-        max_turns=cfg.rollout.max_turns,
-        sampling=Sampling(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature),
-        max_total_tokens=cfg.rollout.max_total_tokens,
-        concurrency=cfg.rollout.concurrency,
-        on_template_mismatch="stop",
-    )
     store = JsonlStore(run_dir / "trajectories.jsonl")
     metrics = MetricsLogger(run_dir, backends=cfg.loggers, config=config_to_dict(cfg))
     metrics.truncate_from(start)
@@ -391,7 +375,6 @@ async def train(cfg: TrainConfig) -> Path:
                 _env_factory(cfg, pool),
                 policy,
                 renderer,
-                rollout_cfg,
                 store,
                 learner,
                 metrics,
@@ -439,20 +422,22 @@ async def _train_step(s: _Session, step: int) -> bool:
     t_step = time.perf_counter()
     seeds = task_seeds(cfg.seed, step, cfg.groups_per_step)
     # Reading the run's trajectories back is only needed once, for the step a resumed run starts at.
-    reused = _complete_groups(s.run_dir, step, cfg.group_size) if step == s.first_step else {}
-    trajs = [t for g in reused.values() for t in g]
-    todo = [seed for seed in seeds if f"{cfg.env}:{seed}" not in reused]
+    groups = _complete_groups(s.run_dir, step, cfg.group_size) if step == s.first_step else []
+    reused_tasks = {g.task_id for g in groups}
+    reused = sum(len(g) for g in groups)
+    todo = [seed for seed in seeds if f"{cfg.env}:{seed}" not in reused_tasks]
     total = len(todo) * cfg.group_size
     bar = _Progress(cfg.progress, total, f"step {step} rollout")
     meta = TrajectoryMeta(env_id=cfg.env, step=step, policy_version=policy.version)
 
     async def rollout() -> None:
-        async for traj in run_groups(
-            s.make_env, policy, s.renderer, s.rollout_cfg, seeds=todo, group_size=cfg.group_size, meta=meta
+        async for done in run_groups(
+            s.make_env, policy, s.renderer, cfg.rollout, seeds=todo, group_size=cfg.group_size, meta=meta
         ):
-            await s.store.append(traj)
-            trajs.append(traj)
-            bar.update(reward=f"{traj.reward:.2f}")
+            await s.store.append(done.trajectory)  # on disk before anything else: kill -9 loses nothing
+            if done.group is not None:
+                groups.append(done.group)
+            bar.update(reward=f"{done.trajectory.reward:.2f}")
 
     rollout_task = asyncio.ensure_future(rollout())
     stop_task = asyncio.ensure_future(s.stop.wait())
@@ -468,9 +453,9 @@ async def _train_step(s: _Session, step: int) -> bool:
     t_rollout = time.perf_counter() - t_step
 
     t_learn = time.perf_counter()
-    usable = [t for t in trajs if not t.infra_failure]
-    row: dict[str, float] = episode_metrics(trajs)
-    row["episodes/reused"] = float(sum(len(g) for g in reused.values()))
+    usable = [u for g in groups if (u := g.usable()) is not None]
+    row: dict[str, float] = episode_metrics([t for g in groups for t in g])
+    row["episodes/reused"] = float(reused)
     if usable:
         update = await asyncio.to_thread(
             policy_update, learner, usable, estimator=cfg.estimator, pad_id=tokenizer_pad_id(s.renderer)

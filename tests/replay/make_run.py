@@ -76,6 +76,7 @@ class ScriptedTIR:
 
 def main(out: str) -> int:
     from agentrl.learner import LearnerConfig
+    from agentrl.rollout import RolloutConfig
     from agentrl.trainers import pg
 
     pg.HFPolicy = ScriptedTIR  # type: ignore[misc,assignment]
@@ -88,7 +89,7 @@ def main(out: str) -> int:
         groups_per_step=2,
         steps=2,
         out=out,
-        rollout=pg.RolloutSettings(max_turns=3, max_new_tokens=48, concurrency=8),
+        rollout=RolloutConfig(max_turns=3, max_new_tokens=48, concurrency=8, on_template_mismatch="stop"),
         learner=LearnerConfig(lr=1e-3, micro_batch_tokens=4096),
         progress=False,
     )

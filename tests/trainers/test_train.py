@@ -197,6 +197,21 @@ def test_cli_rejects_bad_settings(capsys, tmp_path):
         cli_main(["train", "--no-such-flag"])
 
 
+def test_rollout_settings_have_one_owner_and_old_config_files_load():
+    """TrainConfig embeds the rollout's own RolloutConfig (no copy of its fields); a config.json written
+    before that (its rollout section had five keys) loads into it unchanged."""
+    from agentrl.rollout import RolloutConfig
+
+    cfg = TrainConfig()
+    assert type(cfg.rollout) is RolloutConfig and cfg.rollout.on_template_mismatch == "stop"
+    assert (cfg.rollout.max_turns, cfg.rollout.max_new_tokens, cfg.rollout.concurrency) == (3, 96, 16)
+    old = dict(max_turns=2, max_new_tokens=24, max_total_tokens=512, temperature=1.0, concurrency=4)
+    loaded = config_from_dict(TrainConfig, {"model": "tiny", "rollout": old})
+    assert {k: getattr(loaded.rollout, k) for k in old} == old
+    with pytest.raises(ConfigError, match="top-p"):
+        TrainConfig(rollout=RolloutConfig(top_p=0.9))
+
+
 def test_help_documents_every_setting(capsys):
     with pytest.raises(SystemExit):
         cli_main(["train", "--help"])
@@ -213,9 +228,15 @@ def test_help_documents_every_setting(capsys):
         "--device",
         "--learner.lr",
         "--rollout.max-new-tokens",
+        "--rollout.max-turns",
+        "--rollout.max-total-tokens",
+        "--rollout.temperature",
+        "--rollout.concurrency",
     ):
         assert flag in text
     assert "{otb,grpo,rloo,opo,none}" in text
+    # A nested setting shows the trainer's default, not its class's (RolloutConfig's own is 8 turns).
+    assert "episode as truncated (stop reason max_turns). (default: 3)" in " ".join(text.split())
 
 
 def test_plot_and_envs_commands(two_step_run, capsys):
