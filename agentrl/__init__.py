@@ -15,10 +15,14 @@ from agentrl.protocols import (
     Policy,
     Sampling,
     Sandbox,
+    SandboxSource,
     Tool,
     ToolContext,
     ToolOutput,
     TrajectoryStore,
+    UpdatablePolicy,
+    WeightSink,
+    WeightUpdate,
 )
 from agentrl.registry import EnvSpec, GymnasiumEnv, list_envs, make, register, spec
 from agentrl.store import JsonlStore, read_trajectories
@@ -58,6 +62,7 @@ __all__ = [
     "Policy",
     "Sampling",
     "Sandbox",
+    "SandboxSource",
     "Segment",
     "StepReturn",
     "StopReason",
@@ -71,6 +76,9 @@ __all__ = [
     "Trajectory",
     "TrajectoryMeta",
     "TrajectoryStore",
+    "UpdatablePolicy",
+    "WeightSink",
+    "WeightUpdate",
     "__version__",
     "check_env",
     "list_envs",
