@@ -11,6 +11,9 @@ The host talks to the worker over two private pipes (requests in, result lines o
 stderr are separate pipes the host reads, caps and decodes. The wall-clock deadline lives in the host. On a
 timeout, a hard output overflow, a crash or a cancelled call, the host kills the namespace's init (and the
 cgroup), which takes every process in the sandbox with it, and the next call starts a fresh worker.
+
+This module decides what runs (the bubblewrap command line, the worker's configuration, the self-test);
+``_worker_client.py`` runs it (pipes, pidfds, the kill path).
 """
 
 from __future__ import annotations
