@@ -18,10 +18,14 @@ from agentrl.protocols import (
     Policy,
     Sampling,
     Sandbox,
+    SandboxSource,
     Tool,
     ToolContext,
     ToolOutput,
     TrajectoryStore,
+    UpdatablePolicy,
+    WeightSink,
+    WeightUpdate,
 )
 from agentrl.registry import EnvSpec, GymnasiumEnv, list_envs, make, register, register_gymnasium, spec
 from agentrl.store import JsonlStore, read_groups, read_trajectories
@@ -59,6 +63,7 @@ __all__ = [
     "Policy",
     "Sampling",
     "Sandbox",
+    "SandboxSource",
     "Segment",
     "StepResult",
     "StopReason",
@@ -73,6 +78,9 @@ __all__ = [
     "TrajectoryGroup",
     "TrajectoryMeta",
     "TrajectoryStore",
+    "UpdatablePolicy",
+    "WeightSink",
+    "WeightUpdate",
     "__version__",
     "as_step_result",
     "check_env",

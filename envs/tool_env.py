@@ -33,7 +33,7 @@ from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from agentrl import (
     Action,
@@ -44,6 +44,7 @@ from agentrl import (
     Message,
     Observation,
     Sandbox,
+    SandboxSource,
     StepResult,
     Tool,
     ToolContext,
@@ -56,14 +57,6 @@ __all__ = ["SandboxFactory", "SandboxSource", "Task", "ToolEnv"]
 
 SandboxFactory = Callable[[], "Sandbox | Awaitable[Sandbox]"]
 """Makes one episode's sandbox (not yet entered; the env enters it on first use and exits it at the end)."""
-
-
-@runtime_checkable
-class SandboxSource(Protocol):
-    """A pool of sandbox sessions (``agentrl.sandbox.SandboxPool``): ``async with pool.acquire() as sb``
-    lends one for an episode and takes it back (reset) when the block exits."""
-
-    def acquire(self) -> AbstractAsyncContextManager[Sandbox]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +124,7 @@ class ToolEnv(Env):
             self._system = "\n\n".join(p for p in (self.system_prompt.strip(), instructions) if p)
         if not tools_in_prompt:
             self.tools = tuple(self.executor.schemas)  # type: ignore[misc]
-        self._needs_sandbox = any(getattr(t, "needs_sandbox", False) for t in tool_list)
+        self._needs_sandbox = any(t.needs_sandbox for t in tool_list)
         self._factory = sandbox_factory
         self._pool = sandbox_pool
         self._sandbox: _EpisodeSandbox | None = None

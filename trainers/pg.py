@@ -37,7 +37,7 @@ from typing import Any, Literal
 import torch
 
 import agentrl
-from agentrl import JsonlStore, Policy, Trajectory, TrajectoryGroup, TrajectoryMeta, read_groups
+from agentrl import JsonlStore, Trajectory, TrajectoryGroup, TrajectoryMeta, read_groups
 from agentrl.chat import ChatRenderer
 from agentrl.checkpoint import CheckpointState, latest_checkpoint, load_checkpoint, save_checkpoint
 from agentrl.config import config_from_dict, config_to_dict
@@ -46,6 +46,7 @@ from agentrl.learner import Learner, LearnerConfig
 from agentrl.metrics import MetricsLogger
 from agentrl.models import load_model, load_tokenizer, smollm2_dir, smollm2_tokenizer, tiny_model
 from agentrl.policies import HFPolicy
+from agentrl.protocols import UpdatablePolicy, WeightSink, WeightUpdate
 from agentrl.rollout import RolloutConfig, run_groups
 from agentrl.types import ToolStatus
 from agentrl.update import policy_update
@@ -171,7 +172,7 @@ def make_policy(
     device: torch.device,
     *,
     version: int,
-) -> Policy:
+) -> UpdatablePolicy:
     """The sampler the config asks for. The HF policy samples with the learner's own model object."""
     kind = cfg.policy
     if kind == "auto":
@@ -203,15 +204,10 @@ def make_policy(
     )
 
 
-async def publish_weights(policy: Policy, model: Any, version: int) -> None:
-    """Hand the updated weights to the sampler: nothing to copy for HF (same object), in memory for vLLM."""
-    if isinstance(policy, HFPolicy):
-        policy.set_version(version)
-        return
-    load = getattr(policy, "load_weights", None)
-    if load is None:
-        raise ConfigError(f"{type(policy).__name__} cannot receive new weights")
-    await load(((name, p.detach()) for name, p in model.state_dict().items()), version=version)
+async def publish_weights(sink: WeightSink, model: Any, version: int) -> None:
+    """Hand the learner's weights after an update to the sampler, as ``version``: an HF policy that shares
+    the learner's model object only takes the version, vLLM copies them in memory."""
+    await sink.load_weights(WeightUpdate(version, model.state_dict()))
 
 
 def _env_factory(cfg: TrainConfig, pool: Any) -> Callable[[], agentrl.Env]:
@@ -325,7 +321,7 @@ class _Session:
     cfg: TrainConfig
     run_dir: Path
     make_env: Callable[[], agentrl.Env]
-    policy: Policy
+    policy: UpdatablePolicy
     renderer: ChatRenderer
     store: JsonlStore
     learner: Learner

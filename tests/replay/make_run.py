@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl.protocols import FinishReason, Generation, Sampling
+from agentrl.protocols import FinishReason, Generation, Sampling, WeightUpdate
 
 PLANS = 4
 
@@ -43,6 +43,11 @@ class ScriptedTIR:
 
     def set_version(self, version: int) -> None:
         self._version = version
+
+    async def load_weights(self, update: WeightUpdate) -> None:
+        """Like HFPolicy sharing the learner's model: nothing to copy, take the version."""
+        update.check_after(self._version)
+        self._version = update.version
 
     def _turn(self, prompt: str) -> str:
         question = re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", prompt, re.S)[-1]
