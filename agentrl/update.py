@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from agentrl.batch import TokenBatch, collate
-from agentrl.credit import compute_advantages, variance_proxy_metrics
+from agentrl.credit import AdvantageEstimator, variance_proxy_metrics
 from agentrl.learner import Learner, LearnerStats
 from agentrl.types import Trajectory
 
@@ -49,7 +49,7 @@ class Update:
 
 
 def score_and_credit(
-    learner: Learner, trajectories: Sequence[Trajectory], *, estimator: str, pad_id: int
+    learner: Learner, trajectories: Sequence[Trajectory], *, estimator: AdvantageEstimator, pad_id: int
 ) -> Credit:
     """Collate, score with the learner's current weights, and assign credit with ``estimator``.
 
@@ -61,14 +61,12 @@ def score_and_credit(
     m = batch.loss_mask_B_T.bool()
     mismatch = float((batch.old_logprobs_B_T - logprobs)[m].abs().max()) if m.any() else 0.0
     batch = dataclasses.replace(batch, old_logprobs_B_T=logprobs)
-    adv = compute_advantages(
-        estimator, batch.token_rewards_B_T, batch.loss_mask_B_T, logprobs, spi2, batch.group_ids
-    )
+    adv = estimator.advantages(batch.token_rewards_B_T, batch.loss_mask_B_T, logprobs, spi2, batch.group_ids)
     return Credit(batch, logprobs, spi2, adv, mismatch)
 
 
 def policy_update(
-    learner: Learner, trajectories: Sequence[Trajectory], *, estimator: str, pad_id: int
+    learner: Learner, trajectories: Sequence[Trajectory], *, estimator: AdvantageEstimator, pad_id: int
 ) -> Update:
     """Score, assign credit and take one learner step; return everything a step logs."""
     credit = score_and_credit(learner, trajectories, estimator=estimator, pad_id=pad_id)

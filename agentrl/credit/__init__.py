@@ -1,6 +1,13 @@
 """Credit assignment: the Optimal Token Baseline, group baselines and variance diagnostics.
 
-Every estimator takes the same arguments, right-padded [B, T] tensors plus one group id per row::
+Every estimator takes the same arguments, right-padded [B, T] tensors plus one group id per row. The
+typed estimators (:mod:`agentrl.credit.estimators`, what the trainer is configured with) carry their
+options as fields::
+
+    adv_B_T = OTB(zero_tail=True).advantages(token_rewards_B_T, loss_mask_B_T, logprobs_B_T,
+                                             sum_pi_squared_B_T, group_ids)
+
+and sit on the pure functions below, also reachable by name::
 
     adv_B_T = compute_advantages("otb", token_rewards_B_T, loss_mask_B_T, logprobs_B_T,
                                  sum_pi_squared_B_T, group_ids, zero_tail=True)
@@ -21,14 +28,34 @@ import torch
 from agentrl.credit._common import GroupIds, returns_to_go, token_energy
 from agentrl.credit.baselines import grpo_advantages, no_baseline, opo_advantages, rloo_advantages
 from agentrl.credit.diagnostics import VarianceProxy, variance_proxy_metrics
+from agentrl.credit.estimators import (
+    ESTIMATOR_CONFIGS,
+    GRPO,
+    OPO,
+    OTB,
+    RLOO,
+    AdvantageEstimator,
+    Estimator,
+    NoBaseline,
+    estimator_config,
+)
 from agentrl.credit.otb import optimal_token_baseline, sum_pi_squared
 from agentrl.errors import ConfigError
 
 __all__ = [
     "ESTIMATORS",
+    "ESTIMATOR_CONFIGS",
+    "GRPO",
+    "OPO",
+    "OTB",
+    "RLOO",
+    "AdvantageEstimator",
+    "Estimator",
     "GroupIds",
+    "NoBaseline",
     "VarianceProxy",
     "compute_advantages",
+    "estimator_config",
     "grpo_advantages",
     "no_baseline",
     "opo_advantages",
