@@ -20,7 +20,6 @@ Names: ``otb`` (OTB specification otb-spec.md §3.3), ``grpo`` (group mean, opti
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,6 +29,7 @@ from agentrl.credit.baselines import grpo_advantages, no_baseline, opo_advantage
 from agentrl.credit.diagnostics import VarianceProxy, variance_proxy_metrics
 from agentrl.credit.estimators import (
     ESTIMATOR_CONFIGS,
+    ESTIMATORS,
     GRPO,
     OPO,
     OTB,
@@ -38,6 +38,7 @@ from agentrl.credit.estimators import (
     Estimator,
     NoBaseline,
     estimator_config,
+    require_policy_stats,
 )
 from agentrl.credit.otb import optimal_token_baseline, sum_pi_squared
 from agentrl.errors import ConfigError
@@ -67,16 +68,6 @@ __all__ = [
     "variance_proxy_metrics",
 ]
 
-ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
-    "otb": optimal_token_baseline,
-    "grpo": grpo_advantages,
-    "rloo": rloo_advantages,
-    "opo": opo_advantages,
-    "none": no_baseline,
-}
-"""Advantage estimators by name; all share the signature of :func:`compute_advantages` (minus
-``name``)."""
-
 
 def compute_advantages(
     name: str,
@@ -100,9 +91,5 @@ def compute_advantages(
         raise ConfigError(
             f"estimator {name!r} does not take {sorted(unknown)}; its options are {sorted(allowed)}"
         )
-    if name == "otb" and (logprobs is None or sum_pi_squared is None):
-        raise ConfigError(
-            "the 'otb' estimator needs logprobs and sum_pi_squared from the trainer's forward pass "
-            "(Learner.score)"
-        )
+    require_policy_stats(name, logprobs, sum_pi_squared)
     return fn(token_rewards, loss_mask, logprobs, sum_pi_squared, group_ids, **options)

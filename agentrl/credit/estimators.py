@@ -6,18 +6,18 @@
     adv_B_T = estimator.advantages(token_rewards_B_T, loss_mask_B_T, logprobs_B_T, sum_pi_squared_B_T,
                                    group_ids)
 
-Each class wraps one pure function of :mod:`agentrl.credit` and holds that function's keyword-only settings
-as fields, so a setting is an attribute (reachable from the command line as ``--estimator.<field>`` and
-recorded in ``config.json``) instead of a ``**options`` entry. ``name`` is what ``--estimator`` and
-``config.json`` call the class. :data:`Estimator` is the union the trainer's config is typed with.
+Each class stands for one pure function of :mod:`agentrl.credit` (``ESTIMATORS[name]``) and holds that
+function's keyword-only settings as fields, so a setting is an attribute (reachable from the command line as
+``--estimator.<field>`` and recorded in ``config.json``) instead of a ``**options`` entry. ``name`` is what
+``--estimator`` and ``config.json`` call the class. :data:`Estimator` is the union the trainer's config is
+typed with.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
@@ -30,6 +30,7 @@ from agentrl.credit.otb import optimal_token_baseline
 from agentrl.errors import ConfigError
 
 __all__ = [
+    "ESTIMATORS",
     "ESTIMATOR_CONFIGS",
     "GRPO",
     "OPO",
@@ -39,12 +40,35 @@ __all__ = [
     "Estimator",
     "NoBaseline",
     "estimator_config",
+    "require_policy_stats",
 ]
 
 
-class AdvantageEstimator(ABC):
-    """Base of the typed estimators: a frozen config whose :meth:`advantages` maps [B, T] inputs to [B, T]
-    advantages (0 where the loss mask is 0)."""
+ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
+    "otb": optimal_token_baseline,
+    "grpo": grpo_advantages,
+    "rloo": rloo_advantages,
+    "opo": opo_advantages,
+    "none": no_baseline,
+}
+"""The pure estimator functions by name; all share the signature of
+:func:`agentrl.credit.compute_advantages` (minus ``name``)."""
+
+
+def require_policy_stats(
+    name: str, logprobs: torch.Tensor | None, sum_pi_squared: torch.Tensor | None
+) -> None:
+    """Refuse to run an estimator that reads log π and Σπ² (OTB) without them."""
+    if ESTIMATOR_CONFIGS[name].needs_policy_stats and (logprobs is None or sum_pi_squared is None):
+        raise ConfigError(
+            f"the {name!r} estimator needs logprobs and sum_pi_squared from the trainer's forward pass "
+            "(Learner.score)"
+        )
+
+
+class AdvantageEstimator:
+    """Base of the typed estimators: a frozen config whose fields are the keyword-only options of the
+    function ``ESTIMATORS[name]``, and whose :meth:`advantages` calls that function with them."""
 
     name: ClassVar[str]
     """What ``--estimator`` and ``config.json`` call this estimator."""
@@ -53,7 +77,6 @@ class AdvantageEstimator(ABC):
     subtracts_group_baseline: ClassVar[bool] = True
     """True when the baseline comes from the other members of the group (a group of one gets none)."""
 
-    @abstractmethod
     def advantages(
         self,
         token_rewards_B_T: torch.Tensor,
@@ -62,7 +85,13 @@ class AdvantageEstimator(ABC):
         sum_pi_squared_B_T: torch.Tensor | None,
         group_ids: GroupIds | None,
     ) -> torch.Tensor:
-        """Per-token advantages for right-padded [B, T] tensors and one group id per row."""
+        """Per-token advantages for right-padded [B, T] tensors and one group id per row (0 where the
+        loss mask is 0)."""
+        require_policy_stats(self.name, logprobs_B_T, sum_pi_squared_B_T)
+        options = {f.name: getattr(self, f.name) for f in dataclasses.fields(cast(Any, self))}
+        return ESTIMATORS[self.name](
+            token_rewards_B_T, loss_mask_B_T, logprobs_B_T, sum_pi_squared_B_T, group_ids, **options
+        )
 
     def __str__(self) -> str:
         """The name and the options that differ from their defaults: ``otb``, ``grpo(norm_by_std=False)``."""
@@ -88,7 +117,8 @@ def _check_bool(field: str, value: object) -> None:
 class OTB(AdvantageEstimator):
     """Optimal Token Baseline, a per-token baseline weighted by the policy's own gradient energy.
 
-    Specification: otb-spec.md §3.3, the tool-integrated variant."""
+    Specification: otb-spec.md §3.3, the tool-integrated variant; see
+    :func:`agentrl.credit.optimal_token_baseline`."""
 
     name: ClassVar[str] = "otb"
     needs_policy_stats: ClassVar[bool] = True
@@ -102,36 +132,12 @@ class OTB(AdvantageEstimator):
         _check_bool("zero_tail", self.zero_tail)
         _check_eps(self.eps)
 
-    def advantages(
-        self,
-        token_rewards_B_T: torch.Tensor,
-        loss_mask_B_T: torch.Tensor,
-        logprobs_B_T: torch.Tensor | None,
-        sum_pi_squared_B_T: torch.Tensor | None,
-        group_ids: GroupIds | None,
-    ) -> torch.Tensor:
-        """OTB advantages (see :func:`agentrl.credit.optimal_token_baseline`)."""
-        if logprobs_B_T is None or sum_pi_squared_B_T is None:
-            raise ConfigError(
-                "the 'otb' estimator needs logprobs and sum_pi_squared from the trainer's forward pass "
-                "(Learner.score)"
-            )
-        if group_ids is None:
-            raise ConfigError("optimal_token_baseline needs group_ids (one per row)")
-        return optimal_token_baseline(
-            token_rewards_B_T,
-            loss_mask_B_T,
-            logprobs_B_T,
-            sum_pi_squared_B_T,
-            group_ids,
-            zero_tail=self.zero_tail,
-            eps=self.eps,
-        )
-
 
 @dataclass(frozen=True)
 class GRPO(AdvantageEstimator):
-    """Group mean score as baseline (GRPO), optionally divided by the group's std."""
+    """Group mean score as baseline (GRPO), optionally divided by the group's std.
+
+    See :func:`agentrl.credit.grpo_advantages`."""
 
     name: ClassVar[str] = "grpo"
 
@@ -144,79 +150,33 @@ class GRPO(AdvantageEstimator):
         _check_bool("norm_by_std", self.norm_by_std)
         _check_eps(self.eps)
 
-    def advantages(
-        self,
-        token_rewards_B_T: torch.Tensor,
-        loss_mask_B_T: torch.Tensor,
-        logprobs_B_T: torch.Tensor | None,
-        sum_pi_squared_B_T: torch.Tensor | None,
-        group_ids: GroupIds | None,
-    ) -> torch.Tensor:
-        """GRPO advantages (see :func:`agentrl.credit.grpo_advantages`)."""
-        return grpo_advantages(
-            token_rewards_B_T,
-            loss_mask_B_T,
-            logprobs_B_T,
-            sum_pi_squared_B_T,
-            group_ids,
-            norm_by_std=self.norm_by_std,
-            eps=self.eps,
-        )
-
 
 @dataclass(frozen=True)
 class RLOO(AdvantageEstimator):
-    """Mean score of the other members of the group as baseline (RLOO)."""
+    """Mean score of the other members of the group as baseline (RLOO).
+
+    See :func:`agentrl.credit.rloo_advantages`."""
 
     name: ClassVar[str] = "rloo"
-
-    def advantages(
-        self,
-        token_rewards_B_T: torch.Tensor,
-        loss_mask_B_T: torch.Tensor,
-        logprobs_B_T: torch.Tensor | None,
-        sum_pi_squared_B_T: torch.Tensor | None,
-        group_ids: GroupIds | None,
-    ) -> torch.Tensor:
-        """RLOO advantages (see :func:`agentrl.credit.rloo_advantages`)."""
-        return rloo_advantages(token_rewards_B_T, loss_mask_B_T, logprobs_B_T, sum_pi_squared_B_T, group_ids)
 
 
 @dataclass(frozen=True)
 class OPO(AdvantageEstimator):
-    """Length-weighted mean score of the group as baseline (OPO)."""
+    """Length-weighted mean score of the group as baseline (OPO).
+
+    See :func:`agentrl.credit.opo_advantages`."""
 
     name: ClassVar[str] = "opo"
-
-    def advantages(
-        self,
-        token_rewards_B_T: torch.Tensor,
-        loss_mask_B_T: torch.Tensor,
-        logprobs_B_T: torch.Tensor | None,
-        sum_pi_squared_B_T: torch.Tensor | None,
-        group_ids: GroupIds | None,
-    ) -> torch.Tensor:
-        """OPO advantages (see :func:`agentrl.credit.opo_advantages`)."""
-        return opo_advantages(token_rewards_B_T, loss_mask_B_T, logprobs_B_T, sum_pi_squared_B_T, group_ids)
 
 
 @dataclass(frozen=True)
 class NoBaseline(AdvantageEstimator):
-    """No baseline: the reward-to-go itself is the advantage (plain REINFORCE)."""
+    """No baseline: the reward-to-go itself is the advantage (plain REINFORCE).
+
+    See :func:`agentrl.credit.no_baseline`."""
 
     name: ClassVar[str] = "none"
     subtracts_group_baseline: ClassVar[bool] = False
-
-    def advantages(
-        self,
-        token_rewards_B_T: torch.Tensor,
-        loss_mask_B_T: torch.Tensor,
-        logprobs_B_T: torch.Tensor | None,
-        sum_pi_squared_B_T: torch.Tensor | None,
-        group_ids: GroupIds | None,
-    ) -> torch.Tensor:
-        """Reward-to-go on model tokens (see :func:`agentrl.credit.no_baseline`)."""
-        return no_baseline(token_rewards_B_T, loss_mask_B_T, logprobs_B_T, sum_pi_squared_B_T, group_ids)
 
 
 Estimator = OTB | GRPO | RLOO | OPO | NoBaseline

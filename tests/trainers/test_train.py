@@ -113,18 +113,20 @@ def test_resume_refuses_to_change_the_experiment(two_step_run):
         prepare_run(dataclasses.replace(saved, estimator=OTB(zero_tail=False), resume=str(run)))
 
 
-def test_run_dir_from_before_typed_estimators_still_resumes(two_step_run, tmp_path):
+def test_run_dir_from_before_typed_estimators_still_resumes(two_step_run, tmp_path, capsys):
     run, _ = two_step_run
     old = tmp_path / "old"
     shutil.copytree(run, old)
     cfg = json.loads((old / "config.json").read_text())
     cfg["estimator"] = "otb"  # how config.json recorded the estimator before it had options
-    cfg["out"] = str(old)
+    cfg["out"], cfg["resume"] = str(old), None  # as written by its first run
     (old / "config.json").write_text(json.dumps(cfg))
-    # The run is complete (2 of 2 steps): resuming loads config and checkpoint, trains nothing, exits 0.
-    assert cli_main(["train", "--resume", str(old), "--steps", "2", "--no-progress"]) == 0
+    steps = steps_of(old)
+    # Every step is done: resuming loads the config and the last checkpoint, trains nothing and exits 0.
+    assert cli_main(["train", "--resume", str(old), "--steps", str(len(steps)), "--no-progress"]) == 0
+    assert f"resumed {old} at step {len(steps)}" in capsys.readouterr().out
     assert json.loads((old / "config.json").read_text())["estimator"]["name"] == "otb"
-    assert steps_of(old) == [0, 1]
+    assert steps_of(old) == steps
 
 
 def test_estimator_options_from_the_cli_are_recorded(tmp_path, capsys):
