@@ -1,10 +1,13 @@
-"""Typed configs from the command line: frozen dataclasses in, ``argparse`` flags out.
+"""Typed configs from the command line and ``config.json``: frozen dataclasses in, ``argparse`` flags out.
 
 Every field of a config dataclass becomes a flag; nested dataclasses become dotted flags
 (``--learner.lr 1e-6``). Underscores may be written as dashes (``--group-size``). Each field's attribute
-docstring is its ``--help`` text. Unknown flags, values of the wrong type and (through the config's own
-``__post_init__``) contradictory settings are rejected with a message naming the flag, so nothing is a
-silent no-op.
+docstring is its ``--help`` text. A field typed as a union of dataclasses that name themselves with a class
+attribute ``name`` is a *choice* (the advantage estimators): ``--estimator grpo`` picks the member,
+``--estimator.norm-by-std false`` sets one of its options, and its dict form is the member's fields plus
+``"name"`` (a bare name also reads). Unknown flags, values of the wrong type, options the chosen member lacks
+and (through the config's own ``__post_init__``) contradictory settings are rejected with a message naming
+the flag, so nothing is a silent no-op. The README's "Training" section says why this is not a library.
 """
 
 from __future__ import annotations
