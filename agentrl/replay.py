@@ -1413,12 +1413,13 @@ def step_advantages(
         return {}
     model, _ = load_weights(run, step, device=device, dtype=dtype)
     tok = tokenizer if tokenizer is not None else load_tokenizer_for(run)
+    from agentrl.credit import estimator_config
     from agentrl.update import score_and_credit
 
     credit = score_and_credit(
         _learner_for(run, model),
         list(group_trajectories(run.trajectories[i] for i in trained)),
-        estimator=str(run.setting("estimator", "otb")),
+        estimator=estimator_config(run.setting("estimator", "otb")),
         pad_id=_pad_id(tok),
     )
     per = _per_token(credit.advantages_B_T, [run.trajectories[i] for i in trained])
@@ -1452,6 +1453,7 @@ def reproduce_step(
     checkpoint was rotated away, :class:`ConfigError` when the step has no metrics or trajectories.
     """
 
+    from agentrl.credit import estimator_config
     from agentrl.update import policy_update
 
     if run.run_dir is None:
@@ -1473,7 +1475,7 @@ def reproduce_step(
     }
     weights, dev_s = "", ""
     advantages: tuple[tuple[float | None, ...], ...] = ()
-    estimator = str(run.setting("estimator", "otb"))
+    estimator = estimator_config(run.setting("estimator", "otb"))
     if trained:
         model, weights = load_weights(run, step, device=device, dtype=dtype)
         # The trainer's own update function, on the recorded episodes and the weights that sampled them.
@@ -1493,7 +1495,7 @@ def reproduce_step(
     return StepReport(
         step,
         weights or "(no trajectory to train on)",
-        estimator,
+        str(estimator),
         tuple(trained),
         tuple(run.trajectories[i].meta.episode_id for i in trained),
         advantages,

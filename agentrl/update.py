@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from agentrl.batch import TokenBatch, collate
-from agentrl.credit import compute_advantages, variance_proxy_metrics
+from agentrl.credit import AdvantageEstimator, variance_proxy_metrics
 from agentrl.groups import TrajectoryGroup
 from agentrl.learner import Learner, LearnerStats
 
@@ -50,7 +50,7 @@ class Update:
 
 
 def score_and_credit(
-    learner: Learner, groups: Sequence[TrajectoryGroup], *, estimator: str, pad_id: int
+    learner: Learner, groups: Sequence[TrajectoryGroup], *, estimator: AdvantageEstimator, pad_id: int
 ) -> Credit:
     """Collate ``groups``, score with the learner's current weights, and assign credit with ``estimator``
     (baselines are computed within each group).
@@ -63,14 +63,12 @@ def score_and_credit(
     m = batch.loss_mask_B_T.bool()
     mismatch = float((batch.old_logprobs_B_T - logprobs)[m].abs().max()) if m.any() else 0.0
     batch = dataclasses.replace(batch, old_logprobs_B_T=logprobs)
-    adv = compute_advantages(
-        estimator, batch.token_rewards_B_T, batch.loss_mask_B_T, logprobs, spi2, batch.group_ids
-    )
+    adv = estimator.advantages(batch.token_rewards_B_T, batch.loss_mask_B_T, logprobs, spi2, batch.group_ids)
     return Credit(batch, logprobs, spi2, adv, mismatch)
 
 
 def policy_update(
-    learner: Learner, groups: Sequence[TrajectoryGroup], *, estimator: str, pad_id: int
+    learner: Learner, groups: Sequence[TrajectoryGroup], *, estimator: AdvantageEstimator, pad_id: int
 ) -> Update:
     """Score, assign credit and take one learner step on ``groups`` (infra failures already dropped, see
     :meth:`TrajectoryGroup.usable`); return everything a step logs."""

@@ -7,7 +7,7 @@ One step, top to bottom::
         <run>/trajectories.jsonl the moment it finishes, each TrajectoryGroup kept as it completes
       → drop infra failures (never scored as reward 0)
       → policy_update(groups): collate → Learner.score (log π and Σπ² of the current weights)
-        → compute_advantages(estimator), baselines within each group
+        → estimator.advantages (typed estimator config), baselines within each group
       → Learner.step (PPO-clip / REINFORCE) → the policy sees the new weights (version k+1)
       → one line in <run>/metrics.jsonl, a checkpoint in <run>/checkpoints/step-<k+1>
 
@@ -41,6 +41,7 @@ from agentrl import JsonlStore, Trajectory, TrajectoryGroup, TrajectoryMeta, rea
 from agentrl.chat import ChatRenderer
 from agentrl.checkpoint import CheckpointState, latest_checkpoint, load_checkpoint, save_checkpoint
 from agentrl.config import config_from_dict, config_to_dict
+from agentrl.credit import OTB, AdvantageEstimator, Estimator, estimator_config
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner, LearnerConfig
 from agentrl.metrics import MetricsLogger
@@ -52,8 +53,6 @@ from agentrl.types import ToolStatus
 from agentrl.update import policy_update
 
 __all__ = ["TrainConfig", "episode_metrics", "resolve_model", "task_seeds", "train"]
-
-Estimator = Literal["otb", "grpo", "rloo", "opo", "none"]
 
 
 @dataclass(frozen=True)
@@ -67,8 +66,8 @@ class TrainConfig:
     """Registered environment id (see `agentrl envs`); the default is math-tir-v0's arithmetic tasks."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the environment, as JSON (e.g. '{"difficulty": 2}')."""
-    estimator: Estimator = "otb"
-    """Advantage estimator: otb (Optimal Token Baseline), grpo, rloo, opo or none."""
+    estimator: Estimator = field(default_factory=OTB)
+    """Advantage estimator (credit assignment), with its options."""
     group_size: int = 4
     """Episodes per task; they share a group for credit assignment."""
     groups_per_step: int = 4
@@ -111,7 +110,10 @@ class TrainConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
-        if self.estimator in ("otb", "grpo", "rloo") and self.group_size < 2:
+        if not isinstance(self.estimator, AdvantageEstimator):
+            # Python callers may still pass a name ("grpo") or the config.json form, as before.
+            object.__setattr__(self, "estimator", estimator_config(self.estimator))
+        if self.estimator.subtracts_group_baseline and self.group_size < 2:
             # Not an error for OTB (a group of one falls back to the return), but almost surely a mistake.
             print(f"note: --group-size 1 gives {self.estimator} no baseline to subtract", file=sys.stderr)
         if not isinstance(self.env_kwargs, dict):

@@ -42,7 +42,7 @@ def test_load_run_dir_and_jsonl(scripted_run: Path) -> None:
     run = replay.load(scripted_run)
     assert run.run_dir == scripted_run
     assert len(run.trajectories) == 16  # 2 steps x 2 groups x 4
-    assert run.setting("estimator") == "otb" and run.setting("learner.temperature") == 1.0
+    assert run.setting("estimator.name") == "otb" and run.setting("learner.temperature") == 1.0
     assert run.checkpoint_steps() == (1, 2)
     assert [r["step"] for r in run.metrics] == [0, 1]
     same = replay.load(scripted_run / "trajectories.jsonl")  # a JSONL inside a run dir is that run
