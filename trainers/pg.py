@@ -42,7 +42,7 @@ from agentrl.config import config_to_dict
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner, LearnerConfig
 from agentrl.metrics import MetricsLogger
-from agentrl.models import resolve_model, smollm2_dir
+from agentrl.models import model_folder, resolve_model
 from agentrl.policies import HFPolicy
 from agentrl.rollout import RolloutConfig, run_groups
 from agentrl.run import ModelSpec, RunDir
@@ -174,8 +174,8 @@ def make_policy(
             raise ConfigError("--policy vllm needs --device cuda")
         from agentrl.policies import VLLMPolicy
 
-        path = smollm2_dir() if cfg.model == "smollm2" else Path(cfg.model)
-        if cfg.model == "tiny":
+        path = model_folder(cfg.model)
+        if path is None:
             raise ConfigError("--policy vllm cannot serve --model tiny (it has no folder); use hf")
         vllm_policy = VLLMPolicy(
             str(path),
