@@ -1,7 +1,8 @@
 """One policy update from groups of trajectories: collate → score → credit → step → metrics.
 
-The trainer runs this once per step; replay (:func:`agentrl.replay.reproduce_step`) runs the very same
-function on the recorded trajectories and checkpoint, which is why a recorded step can be reproduced exactly.
+The trainer runs this once per step; replay (:func:`agentrl.trainers.replay.reproduce_step`) runs the very
+same function on the recorded trajectories and checkpoint, which is why a recorded step can be reproduced
+exactly.
 """
 
 from __future__ import annotations

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-import torch
 
 import agentrl
 from agentrl import TrajectoryMeta
 from agentrl.chat import ChatRenderer
 from agentrl.errors import ConfigError
-from agentrl.models import load_model, load_tokenizer, smollm2_dir
+from agentrl.models import ModelSpec, model_folder, resolve_model
 from agentrl.policies import HFPolicy
 from agentrl.rollout import RolloutConfig, run_groups
 
@@ -64,26 +61,25 @@ async def evaluate(
     temperature: float = 1.0,
     device: str = "cpu",
 ) -> EvalReport:
-    """Sample ``k`` episodes on each of ``tasks`` held-out tasks and report pass@1 / pass@k."""
-    path = smollm2_dir() if model == "smollm2" else Path(model)
-    if not (Path(path) / "config.json").exists():
-        raise ConfigError(
-            f"--model {model!r}: {path} is not a Hugging Face model folder "
-            "(a run's checkpoint is <run>/checkpoints/step-N/model)"
-        )
+    """Sample ``k`` episodes on each of ``tasks`` held-out tasks and report pass@1 / pass@k.
+
+    ``model`` is ``smollm2``, a model folder, a checkpoint (``<run>/checkpoints/step-N``) or a run directory
+    (its newest checkpoint), as :func:`agentrl.models.resolve_model` reads it.
+    """
+    spec = ModelSpec(model, device=device)
+    model_folder(spec.name)  # a wrong --model fails here, before any env is built
     kwargs: dict[str, Any] = {"split": split}
     try:
         agentrl.make(env, **kwargs)
     except ConfigError:
         kwargs = {}  # the env has no split argument: evaluate on its only task distribution
-    tokenizer = load_tokenizer(path)
-    renderer = ChatRenderer(tokenizer)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    loaded = resolve_model(spec)
+    renderer = ChatRenderer(loaded.tokenizer)
     policy = HFPolicy(
-        load_model(path, dtype=dtype, device=device),
-        tokenizer,
+        loaded.model,
+        loaded.tokenizer,
         stop_token_ids=renderer.stop_token_ids,
-        device=device,
+        device=loaded.device,
         seed=seed,
     )
     cfg = RolloutConfig(max_turns=max_turns, max_new_tokens=max_new_tokens, temperature=temperature)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.util
-import json
 import math
 import os
 import signal
@@ -39,20 +38,28 @@ import torch
 import agentrl
 from agentrl import JsonlStore, Trajectory, TrajectoryGroup, TrajectoryMeta, read_groups
 from agentrl.chat import ChatRenderer
-from agentrl.checkpoint import CheckpointState, latest_checkpoint, load_checkpoint, save_checkpoint
-from agentrl.config import config_from_dict, config_to_dict
+from agentrl.checkpoint import CheckpointState, load_checkpoint, save_checkpoint
+from agentrl.config import config_to_dict
 from agentrl.credit import OTB, AdvantageEstimator, Estimator, estimator_config
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner, LearnerConfig
 from agentrl.metrics import MetricsLogger
-from agentrl.models import load_model, load_tokenizer, smollm2_dir, smollm2_tokenizer, tiny_model
+from agentrl.models import model_folder, resolve_model
 from agentrl.policies import HFPolicy
 from agentrl.protocols import UpdatablePolicy, WeightSink, WeightUpdate
 from agentrl.rollout import RolloutConfig, run_groups
+from agentrl.run import ModelSpec, RunDir
 from agentrl.types import ToolStatus
 from agentrl.update import policy_update
 
-__all__ = ["TrainConfig", "episode_metrics", "resolve_model", "task_seeds", "train"]
+__all__ = [
+    "TrainConfig",
+    "episode_metrics",
+    "model_spec",
+    "prepare_run",
+    "task_seeds",
+    "train",
+]
 
 
 @dataclass(frozen=True)
@@ -140,30 +147,10 @@ def task_seeds(seed: int, step: int, groups_per_step: int) -> list[int]:
     return [base + j for j in range(groups_per_step)]
 
 
-def resolve_model(cfg: TrainConfig) -> tuple[Any, Any, torch.device]:
-    """Load (model, tokenizer, device) as the config says; never touches a model hub."""
-    device = torch.device(
-        "cuda"
-        if cfg.device == "auto" and torch.cuda.is_available()
-        else ("cpu" if cfg.device == "auto" else cfg.device)
-    )
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda but no CUDA device is visible")
-    dtype = {
-        "auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
-        "float32": torch.float32,
-        "bfloat16": torch.bfloat16,
-    }[cfg.dtype]
-    if cfg.model == "tiny":
-        tokenizer = smollm2_tokenizer()
-        model = tiny_model(tokenizer, seed=cfg.seed).to(device=device, dtype=dtype)
-    else:
-        path = smollm2_dir() if cfg.model == "smollm2" else Path(cfg.model)
-        if not (Path(path) / "config.json").exists():
-            raise ConfigError(f"--model {cfg.model!r}: {path} is not a Hugging Face model folder")
-        tokenizer = load_tokenizer(path)
-        model = load_model(path, dtype=dtype, device=device)
-    return model, tokenizer, device
+def model_spec(cfg: TrainConfig) -> ModelSpec:
+    """Which weights the run starts from, where and in what precision (:func:`agentrl.models.resolve_model`
+    loads them; replay rebuilds a run's initial weights from the same spec)."""
+    return ModelSpec(cfg.model, seed=cfg.seed, device=cfg.device, dtype=cfg.dtype)
 
 
 def make_policy(
@@ -184,8 +171,8 @@ def make_policy(
             raise ConfigError("--policy vllm needs --device cuda")
         from agentrl.policies import VLLMPolicy
 
-        path = smollm2_dir() if cfg.model == "smollm2" else Path(cfg.model)
-        if cfg.model == "tiny":
+        path = model_folder(cfg.model)
+        if path is None:
             raise ConfigError("--policy vllm cannot serve --model tiny (it has no folder); use hf")
         vllm_policy = VLLMPolicy(
             str(path),
@@ -292,28 +279,25 @@ RESUMABLE = frozenset({"steps", "resume", "out", "progress", "loggers"})
 """Settings a resumed run may change."""
 
 
-def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, Path]:
+def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, RunDir]:
     """Resolve the run directory and the config actually used (a resumed run keeps its saved config)."""
     if cfg.resume is not None:
-        run_dir = Path(cfg.resume)
-        saved = run_dir / "config.json"
-        if not saved.exists():
-            raise ConfigError(f"--resume {run_dir}: no config.json there; is it a run directory?")
-        old = config_to_dict(config_from_dict(TrainConfig, json.loads(saved.read_text())))
+        run = RunDir(Path(cfg.resume))
+        if not run.exists():
+            raise ConfigError(f"--resume {run.path}: no config.json there; is it a run directory?")
+        old = config_to_dict(run.read_config(TrainConfig))
         new = config_to_dict(cfg)
         # Only the run's length and its display may change: anything else would mix two experiments.
         changed = sorted(k for k in new if k not in RESUMABLE and new[k] != old[k])
         if changed:
             raise ConfigError(f"--resume keeps the run's saved settings; cannot change {changed}")
     else:
-        out = cfg.out or f"runs/{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"
-        run_dir = Path(out)
-        if (run_dir / "config.json").exists():
-            raise ConfigError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it")
-        cfg = dataclasses.replace(cfg, out=str(run_dir))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
-    return cfg, run_dir
+        run = RunDir(Path(cfg.out or f"runs/{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"))
+        if run.exists():
+            raise ConfigError(f"{run.path} already holds a run; pass --resume {run.path} to continue it")
+        cfg = dataclasses.replace(cfg, out=str(run.path))
+    run.write_config(cfg)
+    return cfg, run
 
 
 @dataclass
@@ -337,20 +321,22 @@ async def train(cfg: TrainConfig) -> Path:
     """Run the training loop; return the run directory."""
     from agentrl.sandbox import LocalSandbox, SandboxPool
 
-    cfg, run_dir = prepare_run(cfg)
+    cfg, run = prepare_run(cfg)
+    run_dir = run.path
     torch.manual_seed(cfg.seed)
 
     t0 = time.perf_counter()
-    model, tokenizer, device = resolve_model(cfg)
+    loaded = resolve_model(model_spec(cfg))
+    model, tokenizer, device = loaded.model, loaded.tokenizer, loaded.device
     renderer = ChatRenderer(tokenizer)
     learner = Learner(model, cfg.learner)
     start = 0
-    ckpt = latest_checkpoint(run_dir)
+    ckpt = run.latest_checkpoint()
     if ckpt is not None:
         start = load_checkpoint(ckpt, model=model, optimizer=learner.optimizer).step
-        print(f"resumed {run_dir} at step {start} from {ckpt.name}")
+        print(f"resumed {run_dir} at step {start} from {ckpt.path.name}")
     policy = make_policy(cfg, model, tokenizer, renderer, device, version=start)
-    store = JsonlStore(run_dir / "trajectories.jsonl")
+    store = JsonlStore(run.trajectories_path)
     metrics = MetricsLogger(run_dir, backends=cfg.loggers, config=config_to_dict(cfg))
     metrics.truncate_from(start)
     print(
@@ -385,7 +371,7 @@ async def train(cfg: TrainConfig) -> Path:
                     break
                 if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
                     save_checkpoint(
-                        run_dir,
+                        run,
                         model=model,
                         optimizer=learner.optimizer,
                         tokenizer=tokenizer,
@@ -399,10 +385,10 @@ async def train(cfg: TrainConfig) -> Path:
         metrics.close()
     if stop.is_set():
         # The weights are those after the last completed step: make sure a checkpoint says so.
-        latest = latest_checkpoint(run_dir)
-        if latest is None or int(latest.name.split("-")[1]) != step:
+        latest = run.latest_checkpoint()
+        if latest is None or latest.step != step:
             save_checkpoint(
-                run_dir,
+                run,
                 model=model,
                 optimizer=learner.optimizer,
                 tokenizer=tokenizer,

@@ -133,7 +133,7 @@ def test_estimator_options_from_the_cli_are_recorded(tmp_path, capsys):
     argv = ["train", "--estimator", "grpo", "--estimator.norm-by-std", "false", "--out", str(tmp_path / "g")]
     cfg, run = prepare_run(config_from_args(TrainConfig, build_parser().parse_args(argv)))
     assert cfg.estimator == GRPO(norm_by_std=False)
-    saved = json.loads((run / "config.json").read_text())
+    saved = json.loads(run.config_path.read_text())
     assert saved["estimator"] == {"name": "grpo", "norm_by_std": False, "eps": 1e-6}
     assert config_from_dict(TrainConfig, saved) == cfg
     assert cli_main(["train", "--model", "tiny", "--estimator.norm-by-std", "false"]) == 2
