@@ -1,4 +1,4 @@
-"""The ``agentrl`` command: train, eval, plot, replay, envs."""
+"""The ``agentrl`` command: train, eval, plot, replay, gateway, envs."""
 
 from __future__ import annotations
 
@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     from agentrl.trainers import replay
 
     replay.add_parser(sub)
+
+    from agentrl.trainers.gateway import cli as gateway_cli
+
+    gateway_cli.add_parser(sub)
 
     sub.add_parser("envs", help="list registered environments")
     return parser
@@ -104,6 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from agentrl.trainers import replay
 
             return replay.run(ns)
+        if ns.command == "gateway":
+            from agentrl.trainers.gateway import cli as gateway_cli
+
+            return gateway_cli.run(ns)
         if ns.command == "envs":
             import agentrl
 

@@ -81,6 +81,10 @@ class TrainConfig:
     """Registered environment id (see `agentrl envs`); the default is math-tir-v0's arithmetic tasks."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the environment, as JSON (e.g. '{"difficulty": 2}')."""
+    agent: str | None = None
+    """Train an agent written against the openai client: FILE.py:FUNC, where async FUNC(task, base_url)
+    returns the reward; --env is then its task source (a registered env or a .jsonl file of tasks). See
+    docs/gateway.md."""
     estimator: Estimator = "otb"
     """Advantage estimator: otb (Optimal Token Baseline), grpo, rloo, opo or none."""
     group_size: int = 4
@@ -332,7 +336,7 @@ class _Session:
 
     cfg: TrainConfig
     run_dir: Path
-    make_env: Callable[[], agentrl.Env]
+    make_env: Callable[[], agentrl.Env] | None
     policy: Policy
     renderer: ChatRenderer
     rollout_cfg: RolloutConfig
@@ -342,6 +346,8 @@ class _Session:
     stop: asyncio.Event
     first_step: int
     """The step this process started at: only it can find its own episodes already on disk (a resume)."""
+    agent: Any = None
+    """With --agent: the AgentRunner that produces each step's groups through the gateway."""
 
 
 async def train(cfg: TrainConfig) -> Path:
@@ -383,12 +389,14 @@ async def train(cfg: TrainConfig) -> Path:
         loop.add_signal_handler(sig, stop.set)
     step = start
     pool = SandboxPool(LocalSandbox, size=cfg.rollout.concurrency, max_waiting=4 * cfg.rollout.concurrency)
+    from agentrl.trainers.gateway.agent_rollout import agent_runner
+
     try:
-        async with pool:
+        async with pool, agent_runner(cfg, policy, renderer) as agent:
             session = _Session(
                 cfg,
                 run_dir,
-                _env_factory(cfg, pool),
+                _env_factory(cfg, pool) if agent is None else None,
                 policy,
                 renderer,
                 rollout_cfg,
@@ -397,6 +405,7 @@ async def train(cfg: TrainConfig) -> Path:
                 metrics,
                 stop,
                 first_step=start,
+                agent=agent,
             )
             for step in range(start, cfg.steps):
                 done = await _train_step(session, step)
@@ -447,9 +456,20 @@ async def _train_step(s: _Session, step: int) -> bool:
     meta = TrajectoryMeta(env_id=cfg.env, step=step, policy_version=policy.version)
 
     async def rollout() -> None:
-        async for traj in run_groups(
-            s.make_env, policy, s.renderer, s.rollout_cfg, seeds=todo, group_size=cfg.group_size, meta=meta
-        ):
+        if s.agent is not None:  # --agent: the same groups, played by the agent through the gateway
+            groups = s.agent.run_groups(seeds=todo, group_size=cfg.group_size, meta=meta)
+        else:
+            assert s.make_env is not None
+            groups = run_groups(
+                s.make_env,
+                policy,
+                s.renderer,
+                s.rollout_cfg,
+                seeds=todo,
+                group_size=cfg.group_size,
+                meta=meta,
+            )
+        async for traj in groups:
             await s.store.append(traj)
             trajs.append(traj)
             bar.update(reward=f"{traj.reward:.2f}")
