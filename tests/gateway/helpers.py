@@ -47,14 +47,20 @@ class EchoToolEnv(ToolEnv):
 async def echo_agent(base_url: str, *, stream: bool = False, max_turns: int = 8) -> float:
     """An agent written only against the openai client: runs the echo tool itself, scores the answer."""
     client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+    ]
     try:
         for _ in range(max_turns):
             if stream:
                 msg = await _streamed(client, messages)
             else:
                 reply = await client.chat.completions.create(
-                    model="policy", messages=messages, tools=[ECHO_SCHEMA], max_tokens=64  # type: ignore[list-item]
+                    model="policy",
+                    messages=messages,
+                    tools=[ECHO_SCHEMA],
+                    max_tokens=64,  # type: ignore[list-item]
                 )
                 msg = reply.choices[0].message.model_dump(exclude_none=True)
             messages.append(msg)
@@ -71,13 +77,18 @@ async def echo_agent(base_url: str, *, stream: bool = False, max_turns: int = 8)
 async def _streamed(client: openai.AsyncOpenAI, messages: list[dict[str, Any]]) -> dict[str, Any]:
     content, calls = "", {}
     stream = await client.chat.completions.create(
-        model="policy", messages=messages, tools=[ECHO_SCHEMA], stream=True  # type: ignore[list-item]
+        model="policy",
+        messages=messages,
+        tools=[ECHO_SCHEMA],
+        stream=True,  # type: ignore[list-item]
     )
     async for chunk in stream:
         for ch in chunk.choices:
             content += ch.delta.content or ""
             for tc in ch.delta.tool_calls or ():
-                slot = calls.setdefault(tc.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                slot = calls.setdefault(
+                    tc.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                )
                 slot["id"] += tc.id or ""
                 if tc.function is not None:
                     slot["function"]["name"] += tc.function.name or ""
@@ -86,3 +97,27 @@ async def _streamed(client: openai.AsyncOpenAI, messages: list[dict[str, Any]]) 
     if calls:
         msg["tool_calls"] = [calls[i] for i in sorted(calls)]
     return msg
+
+
+def client_for(base_url: str) -> openai.AsyncOpenAI:
+    """The real openai client, without retries (a test wants to see each error)."""
+    return openai.AsyncOpenAI(base_url=base_url, api_key="any-key", max_retries=0)
+
+
+async def ask(
+    client: openai.AsyncOpenAI, messages: list[dict[str, Any]], **kw: Any
+) -> tuple[dict[str, Any], str]:
+    """One chat completion: (the assistant message as the agent would resend it, finish_reason)."""
+    kw.setdefault("tools", [ECHO_SCHEMA])
+    reply = await client.chat.completions.create(model="policy", messages=messages, **kw)  # type: ignore[arg-type]
+    choice = reply.choices[0]
+    return choice.message.model_dump(exclude_none=True), choice.finish_reason
+
+
+def tool_result(msg: dict[str, Any], content: str = "hello") -> dict[str, Any]:
+    """The tool message answering the first call of ``msg``."""
+    return {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": content}
+
+
+START = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
+"""The opening messages of the echo conversation."""

@@ -3,15 +3,13 @@ native Env rollout gives identical token ids, masks, log-probs and provenance; t
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from agentrl import JsonlStore, read_trajectories
 from agentrl.audit import audit_trajectory
 from agentrl.replay import check
 from agentrl.rollout import RolloutConfig, run_episode
-from agentrl.trainers.gateway import Gateway, GatewayConfig
+from agentrl.trainers.gateway import Gateway
 from agentrl.types import StopReason
 
 from .helpers import EchoToolEnv, echo_agent, scripted
@@ -20,7 +18,9 @@ from .helpers import EchoToolEnv, echo_agent, scripted
 async def native(renderer):
     env = EchoToolEnv()
     try:
-        return await run_episode(env, scripted(renderer), renderer, RolloutConfig(max_turns=8, audit=True), seed=0)
+        return await run_episode(
+            env, scripted(renderer), renderer, RolloutConfig(max_turns=8, audit=True), seed=0
+        )
     finally:
         await env.close()
 
