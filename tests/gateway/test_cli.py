@@ -80,6 +80,13 @@ def test_gateway_command_records_sessions_and_stops_cleanly(tmp_path):
     )
 
 
+def test_the_readme_agent_is_the_example_that_trains():
+    readme = (ROOT / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "async def solve" in b]
+    example = (ROOT / "examples" / "gateway_agent.py").read_text()
+    assert block.strip() in example and "agent written only against the ``openai`` client" in example
+
+
 @pytest.mark.slow
 def test_train_agent_for_one_step_and_replay(tmp_path):
     agent = ROOT / "examples" / "gateway_agent.py"

@@ -233,7 +233,9 @@ class Gateway:
 
     async def __aenter__(self) -> Gateway:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP explicitly: asyncio turns Nagle off only on sockets that say so, and a keep-alive
+        # response written as headers + body would otherwise wait ~40 ms for the client's delayed ACK.
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self.host, self.port))

@@ -237,6 +237,8 @@ class Session:
                 i = next(k for k in range(n) if req.messages[k] != seg.wire[k])
                 why = f"message {i} differs from the one sent before"
             return self._rewrite(req, why)
+        if seg.closed is StopReason.TEMPLATE_MISMATCH:  # the template could not extend it: render afresh
+            return self._rewrite(req, "the chat template could not extend the previous request")
         if seg.closed is not None:
             raise self._closed_error(seg)
         rest = req.messages[n:]
