@@ -203,3 +203,26 @@ async def test_policy_failure_is_a_500_and_an_infra_failure(renderer):
             await ask(c, START)
         (t,) = await gw.finish("s", 1.0)
     assert t.infra_failure and t.num_turns == 0 and t.errors[0].kind == "RuntimeError"
+
+
+# Counts the messages in its first line: every new message rewrites the start of the prompt (pitfall §15.4).
+COUNTING_TEMPLATE = (
+    "<|im_start|>system\n{{ messages | length }} messages<|im_end|>\n"
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+async def test_template_that_is_not_append_only_splits_and_records_why(tok):
+    renderer = ChatRenderer(tok, chat_template=COUNTING_TEMPLATE)
+    async with Gateway(scripted(renderer, TURNS), renderer) as gw:
+        c = client_for(gw.base_url("s"))
+        a, _ = await ask(c, START)
+        b, _ = await ask(c, [*START, a, tool_result(a)])
+        first, second = await gw.finish("s", 1.0)
+    assert (first.stop_reason, first.truncated, first.num_turns) == (StopReason.TEMPLATE_MISMATCH, True, 1)
+    assert first.errors[0].kind == "TemplateError" and not first.infra_failure
+    assert second.num_turns == 1 and second.actions == (b["content"],)
+    assert renderer.decode(second.token_ids).startswith("<|im_start|>system\n4 messages")
+    for t in (first, second):
+        audit_trajectory(t, renderer)
