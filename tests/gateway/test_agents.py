@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 
 from agentrl.errors import ConfigError
@@ -104,6 +105,15 @@ async def looping(task, base_url):
         messages += [msg, {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": "x"}]
 
 
+async def finishes_itself(task, base_url):
+    """Reports its reward over HTTP (as it would to a standalone gateway), then returns another."""
+    await ask(client_for(base_url), list(task.messages))
+    async with httpx.AsyncClient() as http:
+        r = await http.post(base_url.removesuffix("/v1") + "/finish", json={"reward": 0.75})
+        assert r.status_code == 200, r.text
+    return 0.0
+
+
 async def returns_text(task, base_url):
     await ask(client_for(base_url), list(task.messages))
     return "1.0"
@@ -127,6 +137,9 @@ async def test_groups_get_native_meta_and_failures_are_recorded_right(renderer, 
             and crash.stop_reason is StopReason.ENV_ERROR
             and "own bug" in crash.errors[-1].message
         )
+
+        (own,) = await AgentRunner(finishes_itself, JsonlTasks(task_file), gw).run_group(0, 1, meta)
+        assert own.reward == 0.75 and not own.infra_failure and not gw.core._results
 
         (text,) = await AgentRunner(returns_text, JsonlTasks(task_file), gw).run_group(0, 1, meta)
         assert text.infra_failure and "not a finite number" in text.errors[-1].message

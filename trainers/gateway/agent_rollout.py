@@ -247,14 +247,14 @@ class AgentRunner:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                if core.result(sid) is not None:  # it had finished the session itself
-                    return core.result(sid) or ()
+                if core.finished(sid):  # it had finished the session itself
+                    return core.take_result(sid)
                 limit = core.limit_reached(sid)
                 if limit is not None:  # the gateway refused it for a limit: the model's business
                     return await core.finish(sid, 0.0, error=(type(e).__name__, f"{limit.value}: {e}"))
                 return await core.abort(sid, type(e).__name__, f"the agent failed: {e}")
-            if core.result(sid) is not None:
-                return core.result(sid) or ()
+            if core.finished(sid):
+                return core.take_result(sid)
             return await core.finish(sid, float(reward))
 
     def _meta(self, seed: int, base: TrajectoryMeta) -> TrajectoryMeta:

@@ -64,7 +64,8 @@ class GatewayCore:
         self.parser = get_parser(self.config.parser)
         self.tools_in_template = self._tools_in_template()
         self.sessions: dict[str, Session] = {}
-        self._finished: dict[str, tuple[Trajectory, ...]] = {}
+        self._finished: set[str] = set()
+        self._results: dict[str, tuple[Trajectory, ...]] = {}
         self.created = int(time.time())
 
     def _tools_in_template(self) -> bool:
@@ -212,13 +213,15 @@ class GatewayCore:
         *,
         wait: bool = True,
         error: tuple[str, str] | None = None,
+        keep: bool = False,
     ) -> tuple[Trajectory, ...]:
         """Close session ``sid`` with ``reward``: build its trajectories, store and return them.
 
         ``info``'s ``task_id`` and ``group_id`` (strings) set those meta fields; the rest goes to
         ``meta.extra``. With ``wait=False`` (HTTP) a request still in flight is a 409; otherwise it is
         waited for. ``error`` (kind, message) is recorded as an episode failure that is the model's business
-        (not infrastructure).
+        (not infrastructure). With ``keep`` (a finish over HTTP) the trajectories are also kept for
+        :meth:`take_result`.
         """
         if not (isinstance(reward, int | float) and not isinstance(reward, bool) and math.isfinite(reward)):
             raise GatewayError(400, f"the reward must be a finite number, got {reward!r}", param="reward")
@@ -232,7 +235,10 @@ class GatewayCore:
         async with s.lock:
             if error is not None:
                 s.errors.append(EpisodeFailure(error[0], error[1], s.turns, False))
-            return await self._close(s, float(reward), dict(info or {}))
+            trajs = await self._close(s, float(reward), dict(info or {}))
+        if keep:
+            self._results[sid] = trajs
+        return trajs
 
     async def abort(
         self, sid: str, kind: str, message: str, stop: StopReason = StopReason.ENV_ERROR
@@ -251,9 +257,13 @@ class GatewayCore:
             return seg.closed
         return None
 
-    def result(self, sid: str) -> tuple[Trajectory, ...] | None:
-        """The trajectories of a finished session (None while it is open or unknown)."""
-        return self._finished.get(sid)
+    def finished(self, sid: str) -> bool:
+        """True once session ``sid`` is finished (by anyone)."""
+        return sid in self._finished
+
+    def take_result(self, sid: str) -> tuple[Trajectory, ...]:
+        """The trajectories of a session the agent finished over HTTP (handed out once)."""
+        return self._results.pop(sid, ())
 
     async def _close(self, s: Session, reward: float, info: dict[str, Any]) -> tuple[Trajectory, ...]:
         if s.id in self._finished:
@@ -268,7 +278,7 @@ class GatewayCore:
         if self.store is not None:
             for t in trajs:
                 await self.store.append(t)
-        self._finished[s.id] = trajs if self.store is None else ()
+        self._finished.add(s.id)
         self.sessions.pop(s.id, None)
         return trajs
 

@@ -111,7 +111,7 @@ def build_app(core: GatewayCore) -> Starlette:
         sid = request.path_params["sid"]
         try:
             reward, info = parse_finish(await _json_body(request))
-            trajs = await core.finish(sid, reward, info, wait=False)
+            trajs = await core.finish(sid, reward, info, wait=False, keep=core.store is None)
         except GatewayError as e:
             return _error(e)
         except Exception as e:
