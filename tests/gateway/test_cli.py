@@ -128,3 +128,18 @@ def test_train_agent_for_one_step_and_replay(tmp_path):
     assert check.returncode == 0 and "4 of 4 trajectories consistent" in check.stdout, (
         check.stdout + check.stderr
     )
+
+
+def test_gateway_command_refuses_bad_settings(capsys, tmp_path):
+    from agentrl.trainers.cli import main
+
+    assert main(["gateway", "--model", "tiny"]) == 2
+    assert "--out DIR is required" in capsys.readouterr().err
+    assert main(["gateway", "--out", str(tmp_path), "--on-rewrite", "ignore"]) == 2
+    assert "--on_rewrite" in capsys.readouterr().err
+    assert main(["gateway", "--out", str(tmp_path), "--parser", "xml"]) == 2
+    assert "unknown tool-call parser" in capsys.readouterr().err
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text('{"model": "tiny", "env": "calculator-v0"}')
+    assert main(["gateway", "--model", "tiny", "--out", str(tmp_path / "run"), "--port", "0"]) == 2
+    assert "holds a training run" in capsys.readouterr().err
