@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -9,7 +10,14 @@ import pytest
 
 from agentrl.errors import ConfigError
 from agentrl.trainers.gateway import Gateway, GatewayConfig
-from agentrl.trainers.gateway.agent_rollout import AgentRunner, EnvTasks, JsonlTasks, load_agent, task_source
+from agentrl.trainers.gateway.agent_rollout import (
+    AgentRunner,
+    AgentTask,
+    EnvTasks,
+    JsonlTasks,
+    load_agent,
+    task_source,
+)
 from agentrl.types import StopReason, TrajectoryMeta
 
 from .helpers import ECHO_SCHEMA, ask, client_for, scripted
@@ -149,3 +157,31 @@ async def test_groups_get_native_meta_and_failures_are_recorded_right(renderer, 
     # A limit hit is the model's business: truncated and trained on with reward 0, not an infra failure.
     assert not loop.infra_failure and loop.truncated and loop.stop_reason is StopReason.MAX_TURNS
     assert loop.reward == 0.0 and loop.num_turns == 2 and loop.errors[-1].kind == "BadRequestError"
+
+
+class FlakyTasks:
+    """Task 1 cannot be made (its env failed); the others can."""
+
+    name, parser = "flaky", "hermes"
+
+    async def task(self, seed):
+        if seed == 1:
+            raise RuntimeError("task 1 is broken")
+        await asyncio.sleep(0.05 * seed)
+        return AgentTask(f"flaky:{seed}", ({"role": "user", "content": "Say hi."},), info={"answer": "hi"})
+
+
+async def slow_agent(task, base_url):
+    await asyncio.sleep(30)
+    return 1.0
+
+
+async def test_a_failing_task_source_stops_every_group(renderer):
+    async with Gateway(scripted(renderer), renderer, auto_sessions=False) as gw:
+        runner = AgentRunner(slow_agent, FlakyTasks(), gw)
+        with pytest.raises(RuntimeError, match="task 1 is broken"):
+            async for _ in runner.run_groups(seeds=[0, 1, 2], group_size=2):
+                pass
+        await asyncio.sleep(0)
+        left = [t for t in asyncio.all_tasks() if "AgentRunner.run_groups" in t.get_coro().__qualname__]
+        assert not left, "groups of the failed run are still running"

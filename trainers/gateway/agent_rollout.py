@@ -290,11 +290,16 @@ class AgentRunner:
             await asyncio.gather(*(session(task, m) for _ in range(group_size)))
 
         async def drive() -> None:
+            groups = [asyncio.ensure_future(group(s)) for s in seeds]
             try:
-                await asyncio.gather(*(group(s) for s in seeds))
+                await asyncio.gather(*groups)
                 queue.put_nowait(None)
-            except BaseException as e:  # a task source failed: surface it
-                queue.put_nowait(e)
+            except BaseException as e:  # a task source failed (or we were cancelled): stop every group
+                for g in groups:
+                    g.cancel()
+                await asyncio.gather(*groups, return_exceptions=True)
+                if not isinstance(e, asyncio.CancelledError):
+                    queue.put_nowait(e)
                 raise
 
         driver = asyncio.ensure_future(drive())
