@@ -324,7 +324,9 @@ def main() -> None:
         "",
         f"The gateway {verdict} the target: inside the server a request takes {inside:.2f} ms (p50, one",
         "session at a time, the policy instant), from the app receiving it to its last byte handed to the",
-        "socket. End to end, at the client, a request costs",
+        f"socket: {inside / native_ms:.1f}x a native rollout turn measured in the same run "
+        f"({native_ms:.2f} ms;",
+        "both scale with the shared machine's load). End to end, at the client, a request costs",
         f"{overhead:.2f} ms more than calling the policy directly; the bare HTTP round trip with the same",
         f"client and server (GET /health) is {transport:.2f} ms of that on this machine, and the rest is the",
         "client's own work (building and parsing JSON bodies that grow with the conversation) and",
