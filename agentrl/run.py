@@ -124,8 +124,11 @@ class RunDir:
         return self.config_path.is_file()
 
     # --- config ------------------------------------------------------------------------------------
-    def read_config(self, cls: type[C]) -> C:
+    def read_config(self, cls: type[C], **overrides: Any) -> C:
         """``config.json`` as the typed config ``cls`` (e.g. the trainer's ``TrainConfig``).
+
+        ``overrides`` replace top-level settings before the config is validated: a run directory that was
+        moved still names its old path in ``out``/``resume``, and a resume must see the new one.
 
         Raises :class:`StoreError` when the file is missing or not JSON, :class:`ConfigError` when its
         settings do not fit ``cls`` (an unknown setting, a value of the wrong kind).
@@ -136,6 +139,9 @@ class RunDir:
             data = json.loads(self.config_path.read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise StoreError(f"{self.config_path} is unreadable: {e}") from e
+        if not isinstance(data, dict):
+            raise StoreError(f"{self.config_path} does not hold a JSON object")
+        data.update(overrides)
         try:
             return config_from_dict(cls, data)
         except ConfigError as e:

@@ -73,6 +73,10 @@ class TrainConfig:
     """Registered environment id (see `agentrl envs`); the default is math-tir-v0's arithmetic tasks."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the environment, as JSON (e.g. '{"difficulty": 2}')."""
+    agent: str | None = None
+    """Train an agent written against the openai client: FILE.py:FUNC, where async FUNC(task, base_url)
+    returns the reward; --env is then its task source (a registered env or a .jsonl file of tasks). See
+    docs/gateway.md."""
     estimator: Estimator = field(default_factory=OTB)
     """Advantage estimator (credit assignment), with its options."""
     group_size: int = 4
@@ -285,7 +289,8 @@ def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, RunDir]:
         run = RunDir(Path(cfg.resume))
         if not run.exists():
             raise ConfigError(f"--resume {run.path}: no config.json there; is it a run directory?")
-        old = config_to_dict(run.read_config(TrainConfig))
+        here = str(run.path)  # a moved run directory still names its old path
+        old = config_to_dict(run.read_config(TrainConfig, out=here, resume=here))
         new = config_to_dict(cfg)
         # Only the run's length and its display may change: anything else would mix two experiments.
         changed = sorted(k for k in new if k not in RESUMABLE and new[k] != old[k])
@@ -306,7 +311,7 @@ class _Session:
 
     cfg: TrainConfig
     run_dir: Path
-    make_env: Callable[[], agentrl.Env]
+    make_env: Callable[[], agentrl.Env] | None
     policy: UpdatablePolicy
     renderer: ChatRenderer
     store: JsonlStore
@@ -315,6 +320,8 @@ class _Session:
     stop: asyncio.Event
     first_step: int
     """The step this process started at: only it can find its own episodes already on disk (a resume)."""
+    agent: Any = None
+    """With --agent: the AgentRunner that produces each step's groups through the gateway."""
 
 
 async def train(cfg: TrainConfig) -> Path:
@@ -351,12 +358,14 @@ async def train(cfg: TrainConfig) -> Path:
         loop.add_signal_handler(sig, stop.set)
     step = start
     pool = SandboxPool(LocalSandbox, size=cfg.rollout.concurrency, max_waiting=4 * cfg.rollout.concurrency)
+    from agentrl.trainers.gateway.agent_rollout import agent_runner
+
     try:
-        async with pool:
+        async with pool, agent_runner(cfg, policy, renderer) as agent:
             session = _Session(
                 cfg,
                 run_dir,
-                _env_factory(cfg, pool),
+                _env_factory(cfg, pool) if agent is None else None,
                 policy,
                 renderer,
                 store,
@@ -364,6 +373,7 @@ async def train(cfg: TrainConfig) -> Path:
                 metrics,
                 stop,
                 first_step=start,
+                agent=agent,
             )
             for step in range(start, cfg.steps):
                 done = await _train_step(session, step)
@@ -415,9 +425,14 @@ async def _train_step(s: _Session, step: int) -> bool:
     meta = TrajectoryMeta(env_id=cfg.env, step=step, policy_version=policy.version)
 
     async def rollout() -> None:
-        async for done in run_groups(
-            s.make_env, policy, s.renderer, cfg.rollout, seeds=todo, group_size=cfg.group_size, meta=meta
-        ):
+        if s.agent is not None:  # --agent: the same groups, played by the agent through the gateway
+            events = s.agent.run_groups(seeds=todo, group_size=cfg.group_size, meta=meta)
+        else:
+            assert s.make_env is not None
+            events = run_groups(
+                s.make_env, policy, s.renderer, cfg.rollout, seeds=todo, group_size=cfg.group_size, meta=meta
+            )
+        async for done in events:
             await s.store.append(done.trajectory)  # on disk before anything else: kill -9 loses nothing
             if done.group is not None:
                 groups.append(done.group)
