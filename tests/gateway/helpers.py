@@ -38,7 +38,7 @@ class EchoToolEnv(ToolEnv):
     """The native counterpart of :func:`echo_agent`: the echo tool, Hermes calls, answer 'hello'."""
 
     def __init__(self, **kwargs: Any):
-        super().__init__([EchoTool()], parser="hermes", system_prompt=SYSTEM, max_turns=8, **kwargs)
+        super().__init__([EchoTool()], parser="hermes", system_prompt=SYSTEM, **kwargs)
 
     def make_task(self, options: dict[str, Any]) -> Task:
         return Task(QUESTION, answer="hello")

@@ -39,7 +39,21 @@ def load_tokenizer_for(run: Run | None, path: str | os.PathLike[str] | None = No
     latest = run.run_dir.latest_checkpoint()
     if latest is not None and (latest.model_dir / "tokenizer_config.json").is_file():
         return resolve_tokenizer(latest.model_dir)
-    return resolve_tokenizer(train_config(run).model)
+    return resolve_tokenizer(_model_name(run))
+
+
+def _model_name(run: Run) -> str:
+    """The ``model`` setting of a training run, or of a gateway's recording folder (its own config)."""
+    run_dir = _run_dir(run, "this")
+    try:
+        return train_config(run).model
+    except ConfigError as first:
+        from agentrl.trainers.gateway.cli import ServeConfig
+
+        try:
+            return run_dir.read_config(ServeConfig).model
+        except ConfigError:
+            raise first from None
 
 
 def load_weights(
