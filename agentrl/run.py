@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -122,6 +123,34 @@ class RunDir:
     def exists(self) -> bool:
         """A run has been started here (its ``config.json`` is on disk)."""
         return self.config_path.is_file()
+
+    def has_records(self) -> bool:
+        """Something beyond its config is on disk: a trajectory, a metrics line or a checkpoint (folder).
+
+        A directory with only ``config.json`` is a start that failed (or was killed) before its first episode
+        finished: nothing in it is worth resuming, so a new run may take it over.
+        """
+        for f in (self.trajectories_path, self.metrics_path):
+            if f.is_file() and f.stat().st_size > 0:
+                return True
+        return self.checkpoints_path.is_dir() and any(self.checkpoints_path.iterdir())
+
+    def discard_unstarted(self, *, created: bool) -> bool:
+        """Remove what a failed start left (its config, empty logs) unless it recorded something.
+
+        ``created``: the start made the directory itself, so the whole directory goes; otherwise only the run's
+        own files are removed from it. Returns True when something was removed.
+        """
+        if not self.path.is_dir() or self.has_records():
+            return False
+        if created:
+            shutil.rmtree(self.path, ignore_errors=True)
+            return True
+        for f in (self.config_path, self.trajectories_path, self.metrics_path):
+            f.unlink(missing_ok=True)
+        if self.checkpoints_path.is_dir():
+            self.checkpoints_path.rmdir()
+        return True
 
     # --- config ------------------------------------------------------------------------------------
     def read_config(self, cls: type[C], **overrides: Any) -> C:

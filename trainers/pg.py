@@ -298,7 +298,7 @@ def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, RunDir]:
             raise ConfigError(f"--resume keeps the run's saved settings; cannot change {changed}")
     else:
         run = RunDir(Path(cfg.out or f"runs/{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"))
-        if run.exists():
+        if run.exists() and run.has_records():
             raise ConfigError(f"{run.path} already holds a run; pass --resume {run.path} to continue it")
         cfg = dataclasses.replace(cfg, out=str(run.path))
     run.write_config(cfg)
@@ -325,10 +325,21 @@ class _Session:
 
 
 async def train(cfg: TrainConfig) -> Path:
-    """Run the training loop; return the run directory."""
+    """Run the training loop; return the run directory. A start that fails before anything is recorded
+    leaves no run directory behind (or, in a directory that was already there, none of its files)."""
+    created = cfg.resume is None and (cfg.out is None or not Path(cfg.out).is_dir())
+    cfg, run = prepare_run(cfg)
+    try:
+        return await _train(cfg, run)
+    except BaseException:
+        if cfg.resume is None and run.discard_unstarted(created=created):
+            print(f"the run recorded nothing; removed {run.path}", file=sys.stderr)
+        raise
+
+
+async def _train(cfg: TrainConfig, run: RunDir) -> Path:
     from agentrl.sandbox import LocalSandbox, SandboxPool
 
-    cfg, run = prepare_run(cfg)
     run_dir = run.path
     torch.manual_seed(cfg.seed)
 
@@ -343,7 +354,7 @@ async def train(cfg: TrainConfig) -> Path:
         start = load_checkpoint(ckpt, model=model, optimizer=learner.optimizer).step
         print(f"resumed {run_dir} at step {start} from {ckpt.path.name}")
     policy = make_policy(cfg, model, tokenizer, renderer, device, version=start)
-    store = JsonlStore(run.trajectories_path)
+    store = JsonlStore(run.trajectories_path, mode="append" if cfg.resume is not None else "new")
     metrics = MetricsLogger(run_dir, backends=cfg.loggers, config=config_to_dict(cfg))
     metrics.truncate_from(start)
     print(
