@@ -138,8 +138,8 @@ class RunDir:
     def discard_unstarted(self, *, created: bool) -> bool:
         """Remove what a failed start left (its config, empty logs) unless it recorded something.
 
-        ``created``: the start made the directory itself, so the whole directory goes; otherwise only the run's
-        own files are removed from it. Returns True when something was removed.
+        ``created``: the start made the directory itself, so the whole directory goes; otherwise only the
+        run's own files are removed from it. Returns True when something was removed.
         """
         if not self.path.is_dir() or self.has_records():
             return False

@@ -162,7 +162,8 @@ def test_a_second_store_refuses_an_existing_file_unless_asked(tmp_path):
     first.write(tool_trajectory(group="b"))  # the same store reopening its own file keeps appending
     first.close()
     # A re-run script (a new store on the same file) would double the records: refused, naming both options.
-    with pytest.raises(StoreError, match=r"rollouts.jsonl already holds.*mode=\"append\".*mode=\"overwrite\""):
+    refused = r"rollouts.jsonl already holds.*mode=\"append\".*mode=\"overwrite\""
+    with pytest.raises(StoreError, match=refused):
         JsonlStore(path).write(tool_trajectory(group="c"))
     assert [t.meta.group_id for t in read_trajectories(path)] == ["a", "b"]
     with JsonlStore(path, mode="append") as s:
