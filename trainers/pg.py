@@ -111,6 +111,10 @@ class TrainConfig:
     """Write a checkpoint every this many steps (and at the end, and on SIGINT/SIGTERM)."""
     keep_checkpoints: int = 3
     """Checkpoints kept on disk (older ones are deleted; replay --step needs the one of that step)."""
+    older_checkpoints: Literal["half", "exact", "whole"] = "half"
+    """What kept checkpoints other than the newest hold: half (float16 weights, no optimizer state: a quarter
+    of the size; replayed log-probs move by ~1e-3), exact (trained weights, no optimizer state) or whole
+    (everything: each one can be resumed). See docs/checkpoints.md."""
     loggers: tuple[str, ...] = ()
     """Extra metric sinks: tensorboard, wandb (metrics.jsonl is always written)."""
     progress: bool = True
@@ -279,7 +283,7 @@ class _Progress:
 
 
 # ---------------------------------------------------------------------------------------------------
-RESUMABLE = frozenset({"steps", "resume", "out", "progress", "loggers"})
+RESUMABLE = frozenset({"steps", "resume", "out", "progress", "loggers", "older_checkpoints"})
 """Settings a resumed run may change."""
 
 
@@ -398,6 +402,7 @@ async def _train(cfg: TrainConfig, run: RunDir) -> Path:
                         tokenizer=tokenizer,
                         state=CheckpointState(step + 1, step + 1, {"next_step": step + 1}),
                         keep=cfg.keep_checkpoints,
+                        older=cfg.older_checkpoints,
                     )
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -415,6 +420,7 @@ async def _train(cfg: TrainConfig, run: RunDir) -> Path:
                 tokenizer=tokenizer,
                 state=CheckpointState(step, step, {"next_step": step}),
                 keep=cfg.keep_checkpoints,
+                older=cfg.older_checkpoints,
             )
         print(f"stopped by signal during step {step}; resume with: agentrl train --resume {run_dir}")
         raise KeyboardInterrupt
