@@ -6,6 +6,7 @@ A run directory made by ``agentrl train``::
     <run>/trajectories.jsonl       every episode, appended as it finishes
     <run>/metrics.jsonl            one line per training step
     <run>/checkpoints/step-000003/ the state after 3 steps (model/, optimizer.pt, rng.pt, state.json)
+    <run>/scores/step-000003.json  log π and Σπ² the learner computed at step 3 (agentrl.scores)
 
 :class:`RunDir` is the only place that knows these names; the trainer, ``agentrl eval`` and replay all reach
 a run through it. :class:`ModelSpec` says which weights to load and how; :func:`agentrl.models.resolve_model`
@@ -29,6 +30,7 @@ __all__ = [
     "CHECKPOINTS_DIR",
     "CONFIG_FILE",
     "METRICS_FILE",
+    "SCORES_DIR",
     "TRAJECTORIES_FILE",
     "Checkpoint",
     "ModelSpec",
@@ -47,6 +49,8 @@ METRICS_FILE = "metrics.jsonl"
 """One JSON line per training step."""
 CHECKPOINTS_DIR = "checkpoints"
 """Folder of the checkpoints, one ``step-NNNNNN`` folder each."""
+SCORES_DIR = "scores"
+"""Folder of the learner's recorded scores (log π, Σπ²), one ``step-NNNNNN.json`` per step."""
 
 _CKPT_RE = re.compile(r"^step-(\d+)$")
 
@@ -119,6 +123,10 @@ class RunDir:
     def checkpoints_path(self) -> Path:
         """``<run>/checkpoints``."""
         return self.path / CHECKPOINTS_DIR
+
+    def scores_path(self, step: int) -> Path:
+        """``<run>/scores/step-NNNNNN.json``: the learner's scores of ``step`` (:mod:`agentrl.scores`)."""
+        return self.path / SCORES_DIR / f"{checkpoint_name(step)}.json"
 
     def exists(self) -> bool:
         """A run has been started here (its ``config.json`` is on disk)."""

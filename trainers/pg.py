@@ -49,6 +49,7 @@ from agentrl.policies import HFPolicy
 from agentrl.protocols import UpdatablePolicy, WeightSink, WeightUpdate
 from agentrl.rollout import RolloutConfig, run_groups
 from agentrl.run import ModelSpec, RunDir
+from agentrl.scores import save_step_scores
 from agentrl.types import ToolStatus
 from agentrl.update import policy_update
 
@@ -477,6 +478,9 @@ async def _train_step(s: _Session, step: int) -> bool:
             policy_update, learner, usable, estimator=cfg.estimator, pad_id=tokenizer_pad_id(s.renderer)
         )
         row.update(update.metrics)
+        # Replay's advantages of this step once its checkpoint is rotated away (agentrl.scores).
+        c = update.credit
+        save_step_scores(RunDir(s.run_dir), step, usable, c.logprobs_B_T, c.sum_pi_squared_B_T)
     else:
         print(f"step {step}: every episode failed for infrastructure reasons; no update")
     await publish_weights(policy, learner.model, step + 1)

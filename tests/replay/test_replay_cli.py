@@ -112,8 +112,10 @@ def test_check_points_at_token(tiny_run: Path, capsys: pytest.CaptureFixture[str
 
 
 def test_recompute(tiny_run: Path, scripted_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, _ = _run(capsys, str(tiny_run), "--recompute", "--max-diff", "1e-4")
-    assert rc == 0 and "recomputed 192 sampled tokens of 8 trajectories" in out and "step-000001" in out
+    # step-1's checkpoint is a float16 copy (only the newest is kept whole): log-probs move by ~1e-4.
+    rc, out, _ = _run(capsys, str(tiny_run), "--recompute", "--max-diff", "1e-3")
+    assert rc == 0 and "recomputed 192 sampled tokens of 8 trajectories" in out
+    assert "step-000001/model (float16 copy of float32)" in out
     rc, out, _ = _run(
         capsys,
         str(scripted_run),

@@ -6,13 +6,14 @@ import dataclasses
 import os
 from typing import Any
 
+from agentrl.checkpoint import describe_checkpoint
 from agentrl.errors import ConfigError, StoreError
 from agentrl.models import resolve_model, resolve_tokenizer
 from agentrl.replay import Run
 from agentrl.run import RunDir
 from agentrl.trainers.pg import TrainConfig, model_spec
 
-__all__ = ["load_tokenizer_for", "load_weights", "train_config"]
+__all__ = ["exact_weights", "load_tokenizer_for", "load_weights", "train_config"]
 
 
 def _run_dir(run: Run, what: str) -> RunDir:
@@ -80,4 +81,18 @@ def load_weights(
         return loaded.model, f"initial weights ({loaded.source})"
     ckpt = run.run_dir.require_checkpoint(version, keep=cfg.keep_checkpoints)
     loaded = resolve_model(dataclasses.replace(spec, name=str(ckpt.path)), tokenizer=False)
+    contents = describe_checkpoint(ckpt)
+    if not contents.exact:  # an older checkpoint compacted to float16: say so wherever the weights are named
+        return loaded.model, f"{loaded.source} ({contents.weights_dtype} copy of {contents.trained_dtype})"
     return loaded.model, loaded.source
+
+
+def exact_weights(run: Run, version: int) -> bool:
+    """Whether replay has the weights of ``version`` bit for bit (the rebuilt initial weights, or a checkpoint
+    that was not compacted to float16); False also when the checkpoint is not on disk."""
+    if run.run_dir is None:
+        return False
+    ckpt = run.run_dir.find_checkpoint(version)
+    if ckpt is None:
+        return version == 0
+    return describe_checkpoint(ckpt).exact
