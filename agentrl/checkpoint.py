@@ -212,10 +212,10 @@ def _halve(path: Path) -> None:
     tensors = load_file(str(path))
     changed = False
     for k, t in tensors.items():
-        if t.dtype == torch.float32 and bool(torch.isfinite(t).all()):
-            if t.numel() == 0 or float(t.abs().max()) <= _FP16_MAX:
-                tensors[k] = t.to(torch.float16)
-                changed = True
+        fits = t.numel() == 0 or (bool(torch.isfinite(t).all()) and float(t.abs().max()) <= _FP16_MAX)
+        if t.dtype == torch.float32 and fits:
+            tensors[k] = t.to(torch.float16)
+            changed = True
     if not changed:
         return
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

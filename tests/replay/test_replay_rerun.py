@@ -49,7 +49,8 @@ def test_recompute_run_uses_each_episodes_weights(tiny_run: Path, tok: Any) -> N
         t.meta.policy_version: r.weights for t, r in zip(run.trajectories, rep.trajectories, strict=True)
     }
     # step-1 is not the newest checkpoint, so it holds a float16 copy (lean checkpoints), and says so.
-    assert "rebuilt" in by_version[0] and by_version[1].endswith("step-000001/model (float16 copy of float32)")
+    assert "rebuilt" in by_version[0]
+    assert by_version[1].endswith("step-000001/model (float16 copy of float32)")
     for t, r in zip(run.trajectories, rep.trajectories, strict=True):
         # The exact weights agree with the sampler to ~1e-6; float16 rounding moves log-probs by ~1e-4 here.
         assert r.max_abs_diff < (1e-4 if t.meta.policy_version == 0 else 1e-3)
@@ -172,7 +173,8 @@ def test_reproduce_step_matches_metrics(replay_runs: dict[str, Path], which: str
         "variance/proxy2_total_power",
     ):
         assert key in names
-    assert ("rebuilt" in rep.weights) if step == 0 else rep.weights.endswith("step-000001/model (float16 copy of float32))")
+    half = "step-000001/model (float16 copy of float32)"
+    assert ("rebuilt" in rep.weights) if step == 0 else rep.weights.endswith(half)
     assert rep.tolerance == ((1e-4, 1e-6) if step == 0 else (rerun.HALF_RTOL, rerun.HALF_ATOL))
     assert len(rep.indices) == len(rep.advantages) == cfg.group_size * cfg.groups_per_step
     if which == "scripted":
@@ -260,7 +262,8 @@ def test_a_runs_typed_settings_tokenizer_and_weights(tiny_run: Path, tmp_path: P
     # Version 0 is rebuilt exactly as the trainer built it; later versions come from their checkpoint.
     v0, what0 = rerun.load_weights(run, 0)
     v1, what1 = rerun.load_weights(run, 1)
-    assert what0 == "initial weights (tiny model rebuilt, seed 0)" and what1.endswith("step-000001/model (float16 copy of float32))")
+    assert what0 == "initial weights (tiny model rebuilt, seed 0)"
+    assert what1.endswith("step-000001/model (float16 copy of float32)")
     saved = load_model(tiny_run / "checkpoints" / "step-000001" / "model")
     for a, b in zip(v1.state_dict().values(), saved.state_dict().values(), strict=True):
         assert torch.equal(a, b)

@@ -30,7 +30,8 @@ def test_the_trainer_records_the_learners_scores(scripted_run: Path, tok: Any) -
         t = run.trajectories[r.index]
         at = [i for i, m in enumerate(t.loss_mask) if m]
         got = by_id[t.meta.episode_id]
-        assert torch.allclose(torch.tensor(got.logprobs), torch.tensor([r.logprobs[i] for i in at]), atol=1e-5)
+        lp = torch.tensor([r.logprobs[i] for i in at])
+        assert torch.allclose(torch.tensor(got.logprobs), lp, atol=1e-5)
         sp = torch.tensor([r.sum_pi_squared[i] for i in at])
         assert torch.allclose(torch.tensor(got.sum_pi_squared), sp, atol=1e-6)
 
@@ -46,7 +47,8 @@ def test_advantages_of_a_rotated_step_come_from_the_record(scripted_run: Path, t
     for i, adv in got.values.items():
         ref = with_ckpt.values[i]  # from the float16 copy: within its rounding of the trainer's own numbers
         assert [a is None for a in adv] == [a is None for a in ref]
-        assert max(abs(a - b) for a, b in zip(adv, ref, strict=True) if a is not None and b is not None) < 1e-2
+        diffs = [abs(a - b) for a, b in zip(adv, ref, strict=True) if a is not None and b is not None]
+        assert max(diffs) < 1e-2
     # Exactly the trainer's advantages: their mean is what metrics.jsonl recorded for the step.
     vals = [a for adv in got.values.values() for a in adv if a is not None]
     recorded = full.metrics_row(1)
