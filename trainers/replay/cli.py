@@ -33,7 +33,7 @@ from agentrl.trainers.replay.credit import advantages_of_step
 from agentrl.trainers.replay.recompute import recompute, recompute_run
 from agentrl.trainers.replay.reexec import ReexecReport, RescoreReport, areexec_many
 from agentrl.trainers.replay.reproduce import StepReport, reproduce_step
-from agentrl.trainers.replay.weights import load_tokenizer_for, train_config
+from agentrl.trainers.replay.weights import find_tokenizer, train_config
 from agentrl.types import StopReason, ToolStatus, Trajectory
 
 __all__ = ["add_parser", "run"]
@@ -323,7 +323,9 @@ def run(ns: argparse.Namespace) -> int:
 
     def tokenizer() -> Any:
         if not tok_cache:
-            tok_cache.append(load_tokenizer_for(rn, ns.tokenizer))
+            tok, which = find_tokenizer(rn, ns.tokenizer)
+            tok_cache.append(tok)
+            print(f"tokenizer: {which}", file=sys.stderr)
         return tok_cache[0]
 
     if ns.show is not None:

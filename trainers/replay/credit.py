@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from agentrl.batch import collate
 from agentrl.errors import StoreError
 from agentrl.groups import group_trajectories
@@ -59,6 +61,8 @@ def advantages_of_step(
     trajs = [t for g in groups for t in g]
     batch = collate(groups, pad_id=_pad_id(tokenizer) if tokenizer is not None else 0)
     name = cfg.estimator.name
+    lp: torch.Tensor | None = None
+    sp: torch.Tensor | None = None
     if cfg.estimator.needs_policy_stats:
         scores = load_step_scores(run.run_dir, step)
         if scores is None:
@@ -73,7 +77,6 @@ def advantages_of_step(
             return StepAdvantages(step, {}, "", True, str(e))
         source = "computed from the trainer's recorded log π and Σπ² (checkpoint rotated away)"
     else:
-        lp = sp = None
         source = f"computed from the recorded rewards ({name} needs no weights; checkpoint rotated away)"
     adv = cfg.estimator.advantages(batch.token_rewards_B_T, batch.loss_mask_B_T, lp, sp, batch.group_ids)
     return StepAdvantages(step, dict(zip(trained, _per_token(adv, trajs), strict=True)), source, True)
