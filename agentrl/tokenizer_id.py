@@ -53,7 +53,7 @@ def tokenizer_info(tokenizer: Any) -> TokenizerInfo | None:
     key = (len(tokenizer) if hasattr(tokenizer, "__len__") else -1, getattr(tokenizer, "chat_template", None))
     cached = getattr(tokenizer, _CACHE_ATTR, None)
     if isinstance(cached, tuple) and cached[0] == key:
-        return cached[1]  # type: ignore[no-any-return]
+        return cached[1]
     get_vocab = getattr(tokenizer, "get_vocab", None)
     if not callable(get_vocab):
         return None
