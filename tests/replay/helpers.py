@@ -49,6 +49,14 @@ def copy_run(
     return dst
 
 
+def strip_tokenizer(path: Path) -> Path:
+    """Rewrite a trajectories file as releases before tokenizers were recorded wrote it."""
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    old = [{k: v for k, v in r.items() if k != "tokenizer"} for r in lines]
+    path.write_text("".join(json.dumps(r) + "\n" for r in old))
+    return path
+
+
 def first_model_segment(t: Trajectory) -> Segment:
     """The first turn the model sampled."""
     return next(s for s in t.segments if s.source is TokenSource.MODEL)
