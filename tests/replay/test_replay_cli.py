@@ -55,12 +55,12 @@ def test_step_reproduction(scripted_run: Path, capsys: pytest.CaptureFixture[str
     assert rc == 0, out
     assert "8 of 16 trajectories" in out and "estimator otb" in out
     assert "step 1: all" in out and "recorded metrics reproduced" in out
+    assert "half-precision weights, so compared within rtol 0.005 / atol 0.001" in out
     rc, out, _ = _run(capsys, str(scripted_run), "--step", "1", "--no-reproduce")
     assert rc == 0 and "reproduced" not in out
 
     # step 1's checkpoint is a float16 copy (compared within HALF_RTOL/HALF_ATOL); step 0's weights are
     # exact, so a 1e-3 change of its loss is caught at the default tolerance.
-    assert "half-precision weights, so compared within rtol 0.005 / atol 0.001" in out
 
     def bump(row: dict[str, Any]) -> dict[str, Any]:
         if row["step"] == 0:
