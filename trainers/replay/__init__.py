@@ -42,7 +42,13 @@ from agentrl.trainers.replay.reproduce import (
     step_advantages,
     step_batch,
 )
-from agentrl.trainers.replay.weights import exact_weights, load_tokenizer_for, load_weights, train_config
+from agentrl.trainers.replay.weights import (
+    exact_weights,
+    find_tokenizer,
+    load_tokenizer_for,
+    load_weights,
+    train_config,
+)
 
 __all__ = [
     "HALF_ATOL",
@@ -60,6 +66,7 @@ __all__ = [
     "areexec_many",
     "arescore",
     "exact_weights",
+    "find_tokenizer",
     "load_tokenizer_for",
     "load_weights",
     "recompute",
