@@ -31,6 +31,7 @@ from typing import Any
 
 from agentrl.errors import ConfigError, TemplateError
 from agentrl.masking import Piece
+from agentrl.tokenizer_id import TokenizerInfo, tokenizer_info
 from agentrl.types import Message, TokenSource
 
 __all__ = ["ChatRenderer", "RenderedPrompt", "TurnDelta"]
@@ -131,6 +132,11 @@ class ChatRenderer:
         self._special_map = dict(getattr(tokenizer, "special_tokens_map", {}) or {})
         self._render_fn = _make_render_fn(self.chat_template)
         self._gen_prompt = self._generation_prompt_text()
+
+    @property
+    def tokenizer_info(self) -> TokenizerInfo | None:
+        """The tokenizer's identity (name, vocabulary size, fingerprint), recorded with each trajectory."""
+        return tokenizer_info(self.tokenizer)
 
     def _generation_prompt_text(self) -> str | None:
         """The text ``add_generation_prompt`` appends, if it does not depend on the conversation."""

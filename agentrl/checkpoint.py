@@ -2,8 +2,20 @@
 
 Layout under a run directory (named by :class:`agentrl.run.RunDir`)::
 
-    checkpoints/step-000003/   model (HF save_pretrained), optimizer.pt, rng.pt, state.json
-    checkpoints/step-000006/   ...
+    checkpoints/step-000003/   model (HF save_pretrained, float16), rng.pt, state.json     older: for replay
+    checkpoints/step-000006/   model (HF save_pretrained), optimizer.pt, rng.pt, state.json  newest: resume
+
+Only the newest checkpoint is ever resumed from, so only it keeps the optimizer state (two moments per
+weight: twice the weights' size). When a newer one is in place, each older one is *compacted*
+(:func:`compact_checkpoint`): its optimizer state is deleted and, with ``older="half"`` (the default), its
+float32 weights are rewritten as float16 — what replay needs to re-score the episodes that version sampled,
+at a quarter of the full checkpoint's size. float16 keeps 11 significant bits (relative error at most
+2**-11 per weight), so a replayed log-prob moves by about 1e-3 (measured in docs/checkpoints.md); a tensor
+that does not fit float16's range stays float32, and bfloat16 weights (training on a GPU) stay as they are.
+``older="exact"`` keeps the weights bit-exact (drops only the optimizer state), ``older="whole"`` keeps
+everything (any kept checkpoint can be resumed). ``state.json`` records what compaction did under
+``"compact"``; loaders upcast half-precision weights to the model's dtype, so readers from before compaction
+existed read compacted checkpoints too.
 
 ``step-N`` holds the state *after* N completed training steps, so resuming from it runs step N next (steps
 are 0-based). Each checkpoint is written to a temporary folder and renamed into place, so a kill at any moment
@@ -20,7 +32,7 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -28,10 +40,23 @@ import torch
 from agentrl.errors import ConfigError, StoreError
 from agentrl.run import Checkpoint, RunDir, checkpoint_step
 
-__all__ = ["CheckpointState", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "CheckpointContents",
+    "CheckpointState",
+    "OlderCheckpoints",
+    "compact_checkpoint",
+    "describe_checkpoint",
+    "load_checkpoint",
+    "save_checkpoint",
+]
 
 _OPTIMIZER = "optimizer.pt"
 _RNG = "rng.pt"
+_FP16_MAX = 65504.0
+
+OlderCheckpoints = Literal["half", "exact", "whole"]
+"""What checkpoints other than the newest keep: ``half`` (float16 weights, no optimizer state), ``exact``
+(the weights as trained, no optimizer state) or ``whole`` (everything, as the newest)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +98,14 @@ def save_checkpoint(
     state: CheckpointState,
     tokenizer: Any = None,
     keep: int = 2,
+    older: OlderCheckpoints = "half",
 ) -> Checkpoint:
-    """Write ``checkpoints/step-<N>`` atomically and keep only the newest ``keep`` checkpoints."""
+    """Write ``checkpoints/step-<N>`` atomically, keep only the newest ``keep`` checkpoints and compact the
+    older ones as ``older`` says (see :func:`compact_checkpoint`)."""
     if keep < 1:
         raise ConfigError(f"keep must be >= 1, got {keep}")
+    if older not in ("half", "exact", "whole"):
+        raise ConfigError(f"older must be 'half', 'exact' or 'whole', got {older!r}")
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
     ckpt = run.checkpoint(state.step)
     final = ckpt.path
@@ -98,9 +127,100 @@ def save_checkpoint(
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    for old in run.checkpoints(complete=False)[:-keep]:
+    on_disk = run.checkpoints(complete=False)
+    for old in on_disk[:-keep]:
         shutil.rmtree(old.path, ignore_errors=True)
+    if older != "whole":
+        # Only after the new checkpoint is in place: a crash before this leaves an extra whole checkpoint.
+        for prev in on_disk[-keep:]:
+            if prev.step < ckpt.step and prev.complete:
+                compact_checkpoint(prev, half=older == "half")
     return ckpt
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointContents:
+    """What a checkpoint folder holds, read from its files."""
+
+    weights_dtype: str
+    """dtype of its floating-point weights as stored (``float32``, ``float16``; ``a+b`` when mixed)."""
+    trained_dtype: str
+    """dtype the weights had when trained (differs from :attr:`weights_dtype` after a ``half`` compaction)."""
+    optimizer: bool
+    """It holds the optimizer state, so training can resume from it."""
+
+    @property
+    def exact(self) -> bool:
+        """Its weights are the trained ones bit for bit (no half-precision rounding)."""
+        return self.weights_dtype == self.trained_dtype
+
+    def describe(self) -> str:
+        """A short phrase for reports: ``float16 copy of float32 weights, no optimizer state``."""
+        w = (
+            f"{self.weights_dtype} weights"
+            if self.exact
+            else f"{self.weights_dtype} copy of {self.trained_dtype} weights"
+        )
+        return w + ("" if self.optimizer else ", no optimizer state")
+
+
+def describe_checkpoint(ckpt: Checkpoint) -> CheckpointContents:
+    """The stored and trained dtype of a checkpoint's weights and whether it holds optimizer state."""
+    from safetensors import safe_open
+
+    dtypes: set[str] = set()
+    for f in sorted(ckpt.model_dir.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as fh:
+            for key in fh.keys():  # noqa: SIM118 - safe_open is not a mapping
+                dt = fh.get_slice(key).get_dtype()
+                if dt.startswith(("F", "BF")):
+                    dtypes.add({"F32": "float32", "F16": "float16", "BF16": "bfloat16"}.get(dt, dt.lower()))
+    stored = "+".join(sorted(dtypes)) or "none"
+    try:
+        meta = json.loads(ckpt.state_path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise StoreError(f"{ckpt.path} is not a complete checkpoint: {e}") from e
+    compact = meta.get("compact") or {}
+    trained = str(compact.get("trained_dtype", stored))
+    return CheckpointContents(stored, trained, (ckpt.path / _OPTIMIZER).is_file())
+
+
+def compact_checkpoint(ckpt: Checkpoint, *, half: bool = True) -> CheckpointContents:
+    """Delete a checkpoint's optimizer state and, with ``half``, store its float32 weights as float16.
+
+    Idempotent and safe to interrupt: ``state.json`` records the compaction first, each weights file is
+    replaced atomically, and running it again finishes the job. A float32 tensor with values beyond
+    float16's range (or non-finite ones) is kept as float32.
+    """
+    before = describe_checkpoint(ckpt)
+    meta = json.loads(ckpt.state_path.read_text())
+    if "compact" not in meta:
+        meta["compact"] = {"half": half, "trained_dtype": before.weights_dtype, "optimizer": False}
+        tmp = ckpt.state_path.with_name(f".state.json.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, ckpt.state_path)
+    if half:
+        for f in sorted(ckpt.model_dir.glob("*.safetensors")):
+            _halve(f)
+    (ckpt.path / _OPTIMIZER).unlink(missing_ok=True)
+    return describe_checkpoint(ckpt)
+
+
+def _halve(path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    changed = False
+    for k, t in tensors.items():
+        fits = t.numel() == 0 or (bool(torch.isfinite(t).all()) and float(t.abs().max()) <= _FP16_MAX)
+        if t.dtype == torch.float32 and fits:
+            tensors[k] = t.to(torch.float16)
+            changed = True
+    if not changed:
+        return
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, path)
 
 
 def _fsync_tree(path: Path) -> None:
@@ -141,6 +261,12 @@ def load_checkpoint(
                 f"{ckpt}: weights do not fit the model (missing {missing}, unexpected {unexpected})"
             )
     if optimizer is not None:
+        if not (ckpt / _OPTIMIZER).is_file():
+            raise StoreError(
+                f"{ckpt} has no optimizer state, so training cannot resume from it: only a run's newest "
+                "checkpoint keeps it (older ones are compacted for replay; --older-checkpoints whole keeps "
+                "every one resumable)"
+            )
         optimizer.load_state_dict(torch.load(ckpt / _OPTIMIZER, weights_only=False))
     if restore_rng:
         _set_rng_state(torch.load(ckpt / _RNG, weights_only=False))

@@ -6,6 +6,7 @@ A run directory made by ``agentrl train``::
     <run>/trajectories.jsonl       every episode, appended as it finishes
     <run>/metrics.jsonl            one line per training step
     <run>/checkpoints/step-000003/ the state after 3 steps (model/, optimizer.pt, rng.pt, state.json)
+    <run>/scores/step-000003.json  log π and Σπ² the learner computed at step 3 (agentrl.scores)
 
 :class:`RunDir` is the only place that knows these names; the trainer, ``agentrl eval`` and replay all reach
 a run through it. :class:`ModelSpec` says which weights to load and how; :func:`agentrl.models.resolve_model`
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,6 +30,7 @@ __all__ = [
     "CHECKPOINTS_DIR",
     "CONFIG_FILE",
     "METRICS_FILE",
+    "SCORES_DIR",
     "TRAJECTORIES_FILE",
     "Checkpoint",
     "ModelSpec",
@@ -46,6 +49,8 @@ METRICS_FILE = "metrics.jsonl"
 """One JSON line per training step."""
 CHECKPOINTS_DIR = "checkpoints"
 """Folder of the checkpoints, one ``step-NNNNNN`` folder each."""
+SCORES_DIR = "scores"
+"""Folder of the learner's recorded scores (log π, Σπ²), one ``step-NNNNNN.json`` per step."""
 
 _CKPT_RE = re.compile(r"^step-(\d+)$")
 
@@ -119,9 +124,41 @@ class RunDir:
         """``<run>/checkpoints``."""
         return self.path / CHECKPOINTS_DIR
 
+    def scores_path(self, step: int) -> Path:
+        """``<run>/scores/step-NNNNNN.json``: the learner's scores of ``step`` (:mod:`agentrl.scores`)."""
+        return self.path / SCORES_DIR / f"{checkpoint_name(step)}.json"
+
     def exists(self) -> bool:
         """A run has been started here (its ``config.json`` is on disk)."""
         return self.config_path.is_file()
+
+    def has_records(self) -> bool:
+        """Something beyond its config is on disk: a trajectory, a metrics line or a checkpoint (folder).
+
+        A directory with only ``config.json`` is a start that failed (or was killed) before its first episode
+        finished: nothing in it is worth resuming, so a new run may take it over.
+        """
+        for f in (self.trajectories_path, self.metrics_path):
+            if f.is_file() and f.stat().st_size > 0:
+                return True
+        return self.checkpoints_path.is_dir() and any(self.checkpoints_path.iterdir())
+
+    def discard_unstarted(self, *, created: bool) -> bool:
+        """Remove what a failed start left (its config, empty logs) unless it recorded something.
+
+        ``created``: the start made the directory itself, so the whole directory goes; otherwise only the
+        run's own files are removed from it. Returns True when something was removed.
+        """
+        if not self.path.is_dir() or self.has_records():
+            return False
+        if created:
+            shutil.rmtree(self.path, ignore_errors=True)
+            return True
+        for f in (self.config_path, self.trajectories_path, self.metrics_path):
+            f.unlink(missing_ok=True)
+        if self.checkpoints_path.is_dir():
+            self.checkpoints_path.rmdir()
+        return True
 
     # --- config ------------------------------------------------------------------------------------
     def read_config(self, cls: type[C], **overrides: Any) -> C:

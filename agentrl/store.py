@@ -10,6 +10,10 @@ Groups are written member by member (each trajectory the moment its episode fini
 :class:`~agentrl.groups.TrajectoryGroup` objects by :func:`read_groups`, which rebuilds them from each line's
 ``meta.group_id``; files written by any earlier release read back the same way.
 
+A store never mixes two writers' records by accident: by default it refuses to append to a file that already
+holds lines it did not write itself (a re-run script would otherwise double the records); ``mode="append"``
+continues such a file (a resumed run does), ``mode="overwrite"`` starts it afresh.
+
 A torn last line (a crash mid-write, or a writer still writing it) is reported and skipped when reading.
 When a writer reopens a file whose last line is torn, the fragment is moved to ``<file>.torn`` first, so
 nothing is lost and later lines start cleanly.
@@ -24,13 +28,18 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Literal, TextIO
 
 from agentrl.errors import SchemaError, StoreError
 from agentrl.groups import TrajectoryGroup, group_trajectories
 from agentrl.types import Trajectory
 
-__all__ = ["SCHEMA_VERSION", "JsonlStore", "StoreIssue", "read_groups", "read_trajectories"]
+__all__ = ["SCHEMA_VERSION", "JsonlStore", "StoreIssue", "StoreMode", "read_groups", "read_trajectories"]
+
+StoreMode = Literal["new", "append", "overwrite"]
+"""How a :class:`JsonlStore` treats a file that already holds records when it first writes: ``new`` refuses
+(the default), ``append`` adds after them, ``overwrite`` replaces them."""
+_MODES = ("new", "append", "overwrite")
 
 SCHEMA_VERSION = 1
 """Version of the line format written by this release. Readers accept this version and older."""
@@ -63,23 +72,50 @@ class StoreIssue:
 
 
 class JsonlStore:
-    """Append trajectories to one JSONL file; read them back (also while another process writes)."""
+    """Append trajectories to one JSONL file; read them back (also while another process writes).
 
-    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False):
+    ``mode`` says what the first write does when the file already holds records from another writer (an
+    earlier run of the script, another ``collect()``): ``"new"`` (default) raises :class:`StoreError`,
+    ``"append"`` continues the file, ``"overwrite"`` empties it first. The store's own lines never count: one
+    store object may be closed and written again, or passed to several ``collect()`` calls.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False, mode: StoreMode = "new"):
+        if mode not in _MODES:
+            raise StoreError(f"JsonlStore mode must be one of {list(_MODES)}, got {mode!r}")
         self.path = Path(path)
         self.fsync = fsync
+        self.mode: StoreMode = mode
         self._lock = threading.Lock()
         self._fh: TextIO | None = None  # opened lazily so a read-only user never creates the file
+        self._claimed = False  # this store has opened the file for writing once: later opens append
 
     def _open(self) -> TextIO:
         if self._fh is None:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
+                if not self._claimed:
+                    self._claim()
                 _quarantine_torn_tail(self.path)
                 self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
             except OSError as e:
                 raise StoreError(f"cannot open trajectory store {self.path}: {e}") from e
+            self._claimed = True
         return self._fh
+
+    def _claim(self) -> None:
+        """Apply :attr:`mode` to a file that already holds records (first open of this store only)."""
+        held = self.path.is_file() and self.path.stat().st_size > 0
+        if not held or self.mode == "append":
+            return
+        if self.mode == "overwrite":
+            self.path.write_bytes(b"")
+            return
+        raise StoreError(
+            f"{self.path} already holds trajectories from another run or collect() call; "
+            'pass JsonlStore(..., mode="append") to add to them or mode="overwrite" to replace them '
+            "(or write to a new file)"
+        )
 
     def write(self, trajectory: Trajectory) -> None:
         """Append one trajectory and flush it (synchronous form of :meth:`append`)."""

@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import Any
 
 from agentrl.errors import ConfigError, FormatError
+from agentrl.tokenizer_id import TokenizerInfo
 
 __all__ = [
     "Action",
@@ -428,6 +429,8 @@ class Trajectory:
     """Identity and provenance of the episode."""
     timings: Mapping[str, float] = field(default_factory=dict)
     """Seconds spent per phase (``generate``, ``env``, ``tools``, ``total``)."""
+    tokenizer: TokenizerInfo | None = None
+    """The tokenizer the token ids belong to (None in records from before it was recorded)."""
 
     # ----------------------------------------------------------------------------------------------
     @property
@@ -507,7 +510,7 @@ class Trajectory:
             "errors": [e.to_dict() for e in self.errors],
             "meta": self.meta.to_dict(),
             "timings": dict(self.timings),
-        }
+        } | ({"tokenizer": self.tokenizer.to_dict()} if self.tokenizer is not None else {})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Trajectory:
@@ -527,6 +530,7 @@ class Trajectory:
             errors=tuple(EpisodeFailure.from_dict(e) for e in d.get("errors", ())),
             meta=TrajectoryMeta.from_dict(d.get("meta") or {"group_id": d.get("group_id", "")}),
             timings={str(k): float(v) for k, v in (d.get("timings") or {}).items()},
+            tokenizer=TokenizerInfo.from_dict(d["tokenizer"]) if d.get("tokenizer") else None,
         )
 
     def to_json(self) -> str:

@@ -49,6 +49,7 @@ from agentrl.policies import HFPolicy
 from agentrl.protocols import UpdatablePolicy, WeightSink, WeightUpdate
 from agentrl.rollout import RolloutConfig, run_groups
 from agentrl.run import ModelSpec, RunDir
+from agentrl.scores import save_step_scores
 from agentrl.types import ToolStatus
 from agentrl.update import policy_update
 
@@ -111,6 +112,10 @@ class TrainConfig:
     """Write a checkpoint every this many steps (and at the end, and on SIGINT/SIGTERM)."""
     keep_checkpoints: int = 3
     """Checkpoints kept on disk (older ones are deleted; replay --step needs the one of that step)."""
+    older_checkpoints: Literal["half", "exact", "whole"] = "half"
+    """What kept checkpoints other than the newest hold: half (float16 weights, no optimizer state: a quarter
+    of the size; replayed log-probs move by ~1e-3), exact (trained weights, no optimizer state) or whole
+    (everything: each one can be resumed). See docs/checkpoints.md."""
     loggers: tuple[str, ...] = ()
     """Extra metric sinks: tensorboard, wandb (metrics.jsonl is always written)."""
     progress: bool = True
@@ -279,7 +284,7 @@ class _Progress:
 
 
 # ---------------------------------------------------------------------------------------------------
-RESUMABLE = frozenset({"steps", "resume", "out", "progress", "loggers"})
+RESUMABLE = frozenset({"steps", "resume", "out", "progress", "loggers", "older_checkpoints"})
 """Settings a resumed run may change."""
 
 
@@ -298,7 +303,7 @@ def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, RunDir]:
             raise ConfigError(f"--resume keeps the run's saved settings; cannot change {changed}")
     else:
         run = RunDir(Path(cfg.out or f"runs/{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"))
-        if run.exists():
+        if run.exists() and run.has_records():
             raise ConfigError(f"{run.path} already holds a run; pass --resume {run.path} to continue it")
         cfg = dataclasses.replace(cfg, out=str(run.path))
     run.write_config(cfg)
@@ -325,10 +330,21 @@ class _Session:
 
 
 async def train(cfg: TrainConfig) -> Path:
-    """Run the training loop; return the run directory."""
+    """Run the training loop; return the run directory. A start that fails before anything is recorded
+    leaves no run directory behind (or, in a directory that was already there, none of its files)."""
+    created = cfg.resume is None and (cfg.out is None or not Path(cfg.out).is_dir())
+    cfg, run = prepare_run(cfg)
+    try:
+        return await _train(cfg, run)
+    except BaseException:
+        if cfg.resume is None and run.discard_unstarted(created=created):
+            print(f"the run recorded nothing; removed {run.path}", file=sys.stderr)
+        raise
+
+
+async def _train(cfg: TrainConfig, run: RunDir) -> Path:
     from agentrl.sandbox import LocalSandbox, SandboxPool
 
-    cfg, run = prepare_run(cfg)
     run_dir = run.path
     torch.manual_seed(cfg.seed)
 
@@ -343,7 +359,7 @@ async def train(cfg: TrainConfig) -> Path:
         start = load_checkpoint(ckpt, model=model, optimizer=learner.optimizer).step
         print(f"resumed {run_dir} at step {start} from {ckpt.path.name}")
     policy = make_policy(cfg, model, tokenizer, renderer, device, version=start)
-    store = JsonlStore(run.trajectories_path)
+    store = JsonlStore(run.trajectories_path, mode="append" if cfg.resume is not None else "new")
     metrics = MetricsLogger(run_dir, backends=cfg.loggers, config=config_to_dict(cfg))
     metrics.truncate_from(start)
     print(
@@ -387,6 +403,7 @@ async def train(cfg: TrainConfig) -> Path:
                         tokenizer=tokenizer,
                         state=CheckpointState(step + 1, step + 1, {"next_step": step + 1}),
                         keep=cfg.keep_checkpoints,
+                        older=cfg.older_checkpoints,
                     )
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -404,6 +421,7 @@ async def train(cfg: TrainConfig) -> Path:
                 tokenizer=tokenizer,
                 state=CheckpointState(step, step, {"next_step": step}),
                 keep=cfg.keep_checkpoints,
+                older=cfg.older_checkpoints,
             )
         print(f"stopped by signal during step {step}; resume with: agentrl train --resume {run_dir}")
         raise KeyboardInterrupt
@@ -460,6 +478,9 @@ async def _train_step(s: _Session, step: int) -> bool:
             policy_update, learner, usable, estimator=cfg.estimator, pad_id=tokenizer_pad_id(s.renderer)
         )
         row.update(update.metrics)
+        # Replay's advantages of this step once its checkpoint is rotated away (agentrl.scores).
+        c = update.credit
+        save_step_scores(RunDir(s.run_dir), step, usable, c.logprobs_B_T, c.sum_pi_squared_B_T)
     else:
         print(f"step {step}: every episode failed for infrastructure reasons; no update")
     await publish_weights(policy, learner.model, step + 1)

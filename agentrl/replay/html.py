@@ -29,6 +29,8 @@ def write_html(
     recomputed: RecomputeReport | None = None,
     title: str | None = None,
     max_trajectories: int = 2000,
+    advantage_sources: Mapping[int, str] | None = None,
+    notes: Sequence[str] = (),
 ) -> Path:
     """Write one self-contained HTML page (inline CSS, JS and data; no network) to browse trajectories:
     a filterable list, the transcript, tool calls, and the token stream coloured by provenance/mask,
@@ -38,7 +40,8 @@ def write_html(
     ``agentrl.trainers.replay.load_tokenizer_for(run)``). ``indices`` picks run positions (default: all; at
     most ``max_trajectories``); ``advantages`` maps a run position to per-token values
     (``agentrl.trainers.replay.step_advantages``); ``recomputed`` adds recomputed log-probs and Σπ²
-    (``agentrl.trainers.replay.recompute_run``).
+    (``agentrl.trainers.replay.recompute_run``). ``advantage_sources`` says, per run position, how its
+    advantages were obtained (shown with the trajectory); ``notes`` are shown at the top of the page.
     """
     if isinstance(run, Run):
         trajs = run.trajectories
@@ -67,7 +70,9 @@ def write_html(
         adv = advantages.get(i) if advantages is not None else None
         rc = rec_by_index.get(i)
         items.append(_traj_payload(i, t, adv, rc))
-    notes = []
+        if advantage_sources and i in advantage_sources:
+            items[-1]["adv_src"] = advantage_sources[i]
+    notes = list(notes)
     if tx is None:
         notes.append("no tokenizer: tokens are shown as ids")
     payload = {

@@ -269,6 +269,7 @@ function show(i) {
     ["group", t.group], ["policy version", t.pv], ["rewards per step", t.rewards.join(", ") || "none"],
     ["terminated / truncated", t.terminated + " / " + t.truncated], ["turns", t.turns],
     ["tokens", t.ids.length + " (" + t.model_tokens + " sampled)"]];
+  if (t.adv_src) rows.push(["advantages", t.adv_src]);
   for (const [k, v] of rows) meta.append(el("dt", {text: k}), el("dd", {text: v === null ? "-" : String(v)}));
   const errs = $("d-errors");
   errs.replaceChildren();

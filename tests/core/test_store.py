@@ -107,7 +107,7 @@ def test_reopening_a_torn_file_keeps_the_fragment_and_appends_cleanly(tmp_path):
         s.write(tool_trajectory())
     with open(path, "a") as fh:
         fh.write('{"schema_version": 1, "token_ids": [1, 2')  # torn write
-    with JsonlStore(path) as s:
+    with JsonlStore(path, mode="append") as s:
         s.write(tool_trajectory(group="after"))
     assert [t.meta.group_id for t in read_trajectories(path)] == ["g0", "after"]
     assert '"token_ids": [1, 2' in (tmp_path / "t.jsonl.torn").read_text()
@@ -152,3 +152,33 @@ def test_run_directory_path_reads_its_trajectories(tmp_path):
     with JsonlStore(tmp_path / "trajectories.jsonl") as s:
         s.write(tool_trajectory())
     assert len(list(read_trajectories(tmp_path))) == 1
+
+
+def test_a_second_store_refuses_an_existing_file_unless_asked(tmp_path):
+    path = tmp_path / "rollouts.jsonl"
+    first = JsonlStore(path)
+    first.write(tool_trajectory(group="a"))
+    first.close()
+    first.write(tool_trajectory(group="b"))  # the same store reopening its own file keeps appending
+    first.close()
+    # A re-run script (a new store on the same file) would double the records: refused, naming both options.
+    refused = r"rollouts.jsonl already holds.*mode=\"append\".*mode=\"overwrite\""
+    with pytest.raises(StoreError, match=refused):
+        JsonlStore(path).write(tool_trajectory(group="c"))
+    assert [t.meta.group_id for t in read_trajectories(path)] == ["a", "b"]
+    with JsonlStore(path, mode="append") as s:
+        s.write(tool_trajectory(group="c"))
+    assert [t.meta.group_id for t in read_trajectories(path)] == ["a", "b", "c"]
+    with JsonlStore(path, mode="overwrite") as s:
+        s.write(tool_trajectory(group="d"))
+        s.close()
+        s.write(tool_trajectory(group="e"))  # overwrite empties the file once, not at every reopen
+    assert [t.meta.group_id for t in read_trajectories(path)] == ["d", "e"]
+    # An empty file holds nothing to protect; reading never needs a mode.
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with JsonlStore(empty) as s:
+        s.write(tool_trajectory())
+    assert len(list(JsonlStore(empty).read())) == 1
+    with pytest.raises(StoreError, match="mode must be one of"):
+        JsonlStore(path, mode="add")  # type: ignore[arg-type]

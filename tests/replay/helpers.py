@@ -19,9 +19,11 @@ def copy_run(
     checkpoints: bool | set[int] = True,
     edit: Callable[[int, dict[str, Any]], dict[str, Any] | None] | None = None,
     edit_metrics: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    scores: bool = True,
 ) -> Path:
     """Copy a run directory, optionally editing trajectory lines (``edit(index, record)``), metrics rows,
-    and keeping only some checkpoints (``checkpoints={1}``) or none (``False``)."""
+    and keeping only some checkpoints (``checkpoints={1}``) or none (``False``), with or without the
+    learner's recorded scores (``scores=False``: a run from before they were recorded)."""
     dst.mkdir(parents=True)
     shutil.copy(src / "config.json", dst / "config.json")
     lines = (src / "trajectories.jsonl").read_text().splitlines()
@@ -36,6 +38,8 @@ def copy_run(
     if edit_metrics is not None:
         rows = [edit_metrics(r) for r in rows]
     (dst / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if scores and (src / "scores").is_dir():
+        shutil.copytree(src / "scores", dst / "scores")
     if checkpoints:
         for ck in sorted((src / "checkpoints").iterdir()):
             step = int(ck.name.split("-")[1])
@@ -43,6 +47,14 @@ def copy_run(
                 (dst / "checkpoints").mkdir(exist_ok=True)
                 (dst / "checkpoints" / ck.name).symlink_to(ck, target_is_directory=True)
     return dst
+
+
+def strip_tokenizer(path: Path) -> Path:
+    """Rewrite a trajectories file as releases before tokenizers were recorded wrote it."""
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    old = [{k: v for k, v in r.items() if k != "tokenizer"} for r in lines]
+    path.write_text("".join(json.dumps(r) + "\n" for r in old))
+    return path
 
 
 def first_model_segment(t: Trajectory) -> Segment:

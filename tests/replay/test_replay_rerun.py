@@ -15,7 +15,7 @@ from agentrl.errors import ConfigError, StoreError
 from agentrl.trainers import replay as rerun
 from agentrl.types import TokenSource
 
-from .helpers import copy_run, first_model_segment, with_ok_tool
+from .helpers import copy_run, first_model_segment, strip_tokenizer, with_ok_tool
 
 pytestmark = pytest.mark.slow  # the session's two training runs take ~30 s; each test is fast after that
 
@@ -44,11 +44,16 @@ def test_recompute_run_uses_each_episodes_weights(tiny_run: Path, tok: Any) -> N
     run = replay.load(tiny_run)
     rep = rerun.recompute_run(run, tokenizer=tok)
     assert rep.tokens == sum(t.num_model_tokens for t in run.trajectories)
-    assert rep.max_abs_diff < 1e-4 and 0 < rep.mean_sum_pi_squared < 1
+    assert 0 < rep.mean_sum_pi_squared < 1
     by_version = {
         t.meta.policy_version: r.weights for t, r in zip(run.trajectories, rep.trajectories, strict=True)
     }
-    assert "rebuilt" in by_version[0] and by_version[1].endswith("step-000001/model")
+    # step-1 is not the newest checkpoint, so it holds a float16 copy (lean checkpoints), and says so.
+    assert "rebuilt" in by_version[0]
+    assert by_version[1].endswith("step-000001/model (float16 copy of float32)")
+    for t, r in zip(run.trajectories, rep.trajectories, strict=True):
+        # The exact weights agree with the sampler to ~1e-6; float16 rounding moves log-probs by ~1e-4 here.
+        assert r.max_abs_diff < (1e-4 if t.meta.policy_version == 0 else 1e-3)
     for t, r in zip(run.trajectories, rep.trajectories, strict=True):
         assert len(r.logprobs) == len(t.token_ids)
         assert all((lp is None) == (m == 0) for lp, m in zip(r.logprobs, t.loss_mask, strict=True))
@@ -168,7 +173,9 @@ def test_reproduce_step_matches_metrics(replay_runs: dict[str, Path], which: str
         "variance/proxy2_total_power",
     ):
         assert key in names
-    assert ("rebuilt" in rep.weights) if step == 0 else rep.weights.endswith("step-000001/model")
+    half = "step-000001/model (float16 copy of float32)"
+    assert ("rebuilt" in rep.weights) if step == 0 else rep.weights.endswith(half)
+    assert rep.tolerance == ((1e-4, 1e-6) if step == 0 else (rerun.HALF_RTOL, rerun.HALF_ATOL))
     assert len(rep.indices) == len(rep.advantages) == cfg.group_size * cfg.groups_per_step
     if which == "scripted":
         by = {c.name: c for c in rep.checks}
@@ -191,14 +198,18 @@ def test_step_advantages_match_reproduce(scripted_run: Path) -> None:
         assert adv[i] == rep.advantages_of(i)
 
 
-def test_reproduce_step_notices_a_wrong_metric(scripted_run: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("step", "factor"), [(0, 1.001), (1, 1.01)])
+def test_reproduce_step_notices_a_wrong_metric(
+    scripted_run: Path, tmp_path: Path, step: int, factor: float
+) -> None:
+    # Step 0 (exact weights) catches a 0.1% change; step 1 (a float16 copy, wider tolerance) still 1%.
     def edit(row: dict[str, Any]) -> dict[str, Any]:
-        if row["step"] == 1:
-            row["learn/grad_norm"] *= 1.01
+        if row["step"] == step:
+            row["learn/grad_norm"] *= factor
         return row
 
     run = replay.load(copy_run(scripted_run, tmp_path / "run", edit_metrics=edit))
-    rep = rerun.reproduce_step(run, 1)
+    rep = rerun.reproduce_step(run, step)
     assert not rep.matches
     assert [c.name for c in rep.checks if not c.match] == ["learn/grad_norm"]
 
@@ -234,7 +245,9 @@ def test_reproduce_step_errors(scripted_run: Path, tmp_path: Path) -> None:
     bare.write_text((scripted_run / "trajectories.jsonl").read_text())
     with pytest.raises(ConfigError, match="not a run directory"):
         rerun.reproduce_step(replay.load(bare), 0)
-    assert rerun.load_tokenizer_for(replay.load(bare)) is None
+    assert rerun.load_tokenizer_for(replay.load(bare)) is not None  # the trajectories name their tokenizer
+    strip_tokenizer(bare)
+    assert rerun.load_tokenizer_for(replay.load(bare)) is None  # an old file outside a run: nothing says
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -255,7 +268,8 @@ def test_a_runs_typed_settings_tokenizer_and_weights(tiny_run: Path, tmp_path: P
     # Version 0 is rebuilt exactly as the trainer built it; later versions come from their checkpoint.
     v0, what0 = rerun.load_weights(run, 0)
     v1, what1 = rerun.load_weights(run, 1)
-    assert what0 == "initial weights (tiny model rebuilt, seed 0)" and what1.endswith("step-000001/model")
+    assert what0 == "initial weights (tiny model rebuilt, seed 0)"
+    assert what1.endswith("step-000001/model (float16 copy of float32)")
     saved = load_model(tiny_run / "checkpoints" / "step-000001" / "model")
     for a, b in zip(v1.state_dict().values(), saved.state_dict().values(), strict=True):
         assert torch.equal(a, b)

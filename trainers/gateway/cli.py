@@ -98,7 +98,7 @@ async def serve(
     out.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")  # replay finds the tokenizer by it
     gateway_cfg = GatewayConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(GatewayConfig)})
-    store = JsonlStore(out / "trajectories.jsonl")
+    store = JsonlStore(out / "trajectories.jsonl", mode="append")  # a restarted gateway keeps recording
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

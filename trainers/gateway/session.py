@@ -531,6 +531,7 @@ class Session:
             errors=tuple(errors),
             meta=meta,
             timings={**self.timings, "total": total},
+            tokenizer=self.renderer.tokenizer_info,
         )
         if self.config.audit:
             from agentrl.audit import audit_trajectory

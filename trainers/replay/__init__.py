@@ -20,6 +20,7 @@ version), :mod:`~agentrl.trainers.replay.reexec` (a fresh env fed the recorded t
 """
 
 from agentrl.trainers.replay.cli import add_parser, run
+from agentrl.trainers.replay.credit import StepAdvantages, advantages_of_step
 from agentrl.trainers.replay.recompute import recompute, recompute_run
 from agentrl.trainers.replay.reexec import (
     CallReplay,
@@ -33,25 +34,39 @@ from agentrl.trainers.replay.reexec import (
     rescore,
 )
 from agentrl.trainers.replay.reproduce import (
+    HALF_ATOL,
+    HALF_RTOL,
     MetricCheck,
     StepReport,
     reproduce_step,
     step_advantages,
     step_batch,
 )
-from agentrl.trainers.replay.weights import load_tokenizer_for, load_weights, train_config
+from agentrl.trainers.replay.weights import (
+    exact_weights,
+    find_tokenizer,
+    load_tokenizer_for,
+    load_weights,
+    train_config,
+)
 
 __all__ = [
+    "HALF_ATOL",
+    "HALF_RTOL",
     "CallReplay",
     "MetricCheck",
     "ReexecReport",
     "RescoreReport",
+    "StepAdvantages",
     "StepReplay",
     "StepReport",
     "add_parser",
+    "advantages_of_step",
     "areexec",
     "areexec_many",
     "arescore",
+    "exact_weights",
+    "find_tokenizer",
     "load_tokenizer_for",
     "load_weights",
     "recompute",

@@ -29,10 +29,11 @@ from typing import Any
 
 from agentrl import replay
 from agentrl.errors import ConfigError
+from agentrl.trainers.replay.credit import advantages_of_step
 from agentrl.trainers.replay.recompute import recompute, recompute_run
 from agentrl.trainers.replay.reexec import ReexecReport, RescoreReport, areexec_many
-from agentrl.trainers.replay.reproduce import StepReport, reproduce_step, step_advantages
-from agentrl.trainers.replay.weights import load_tokenizer_for, train_config
+from agentrl.trainers.replay.reproduce import StepReport, reproduce_step
+from agentrl.trainers.replay.weights import find_tokenizer, train_config
 from agentrl.types import StopReason, ToolStatus, Trajectory
 
 __all__ = ["add_parser", "run"]
@@ -288,6 +289,9 @@ def _print_step(rep: StepReport) -> None:
         f"step {rep.step}: recomputed from {len(rep.indices)} trajectories with {rep.weights} "
         f"(estimator {rep.estimator}, {rep.device or '-'})"
     )
+    if "copy of" in rep.weights:
+        rtol, atol = rep.tolerance
+        print(f"  note: half-precision weights, so compared within rtol {rtol:g} / atol {atol:g}")
     print(f"  {'metric':34} {'recorded':>14} {'recomputed':>14} {'|Δ|':>9}")
     for c in rep.checks:
         rec = "-" if c.recorded is None else f"{c.recorded:.8g}"
@@ -319,7 +323,9 @@ def run(ns: argparse.Namespace) -> int:
 
     def tokenizer() -> Any:
         if not tok_cache:
-            tok_cache.append(load_tokenizer_for(rn, ns.tokenizer))
+            tok, which = find_tokenizer(rn, ns.tokenizer)
+            tok_cache.append(tok)
+            print(f"tokenizer: {which}", file=sys.stderr)
         return tok_cache[0]
 
     if ns.show is not None:
@@ -352,12 +358,25 @@ def run(ns: argparse.Namespace) -> int:
         emit.append(lambda: _print_list(rows, matched, len(rn.trajectories)))
 
     advantages: dict[int, tuple[float | None, ...]] | None = None
+    adv_source: dict[int, str] = {}
+    adv_notes: list[str] = []
+    no_adv: dict[int, str] = {}  # step -> why it has none
     if ns.advantages and (ns.show is not None or ns.html):
+        if rn.run_dir is None:
+            raise ConfigError("--advantages needs a run directory (config.json names the run's estimator)")
         advantages = {}
         for step in sorted({t.meta.step for t in trajs if t.meta.step is not None}):
-            advantages.update(
-                step_advantages(rn, step, device=ns.device, dtype=ns.dtype, tokenizer=tokenizer())
-            )
+            sa = advantages_of_step(rn, step, device=ns.device, dtype=ns.dtype, tokenizer=tokenizer())
+            advantages.update(sa.values)
+            adv_source.update(dict.fromkeys(sa.values, sa.source))
+            if sa.error is not None:
+                no_adv[step] = sa.error
+                adv_notes.append(f"step {step}: NO ADVANTAGES: {sa.error}")
+            elif sa.from_record:
+                adv_notes.append(f"step {step}: advantages {sa.source}")
+        out["advantages"] = {"notes": adv_notes}
+        for note in adv_notes:
+            emit.append(lambda note=note: print(f"note: {note}"))  # type: ignore[misc]
 
     recomputed: replay.RecomputeReport | None = None
     if ns.recompute and trajs:
@@ -437,8 +456,12 @@ def run(ns: argparse.Namespace) -> int:
         k = ns.show
         t = rn.trajectories[k]
         adv = advantages.get(k) if advantages is not None else None
-        if ns.advantages and adv is None:
+        if ns.advantages and adv is None and t.meta.step in no_adv:
+            print(f"note: trajectory {k}: no advantages: {no_adv[t.meta.step]}")
+        elif ns.advantages and adv is None:
             print(f"note: trajectory {k} was not trained on (no step or infra failure): no advantages")
+        elif ns.advantages and k in adv_source:
+            print(f"note: trajectory {k}: advantages {adv_source[k]}")
         rc_t = recomputed.trajectories[0] if recomputed is not None else None
         text = replay.render(
             t,
@@ -454,7 +477,14 @@ def run(ns: argparse.Namespace) -> int:
 
     if ns.html:
         path = replay.write_html(
-            rn, ns.html, tokenizer=tokenizer(), indices=indices, advantages=advantages, recomputed=recomputed
+            rn,
+            ns.html,
+            tokenizer=tokenizer(),
+            indices=indices,
+            advantages=advantages,
+            recomputed=recomputed,
+            advantage_sources=adv_source,
+            notes=adv_notes,
         )
         out["html"] = str(path)
         emit.append(lambda: print(f"wrote {path} ({len(indices)} trajectories)"))
