@@ -25,7 +25,7 @@ from typing import Any
 
 from agentrl.env import Env, Observation, StepResult
 from agentrl.errors import ConfigError
-from agentrl.execution import ExecResult, ExecStatus, Limits
+from agentrl.execution import ExecResult, Limits
 from agentrl.groups import TrajectoryGroup, group_trajectories
 from agentrl.protocols import (
     FinishReason,
@@ -36,7 +36,7 @@ from agentrl.protocols import (
     ToolOutput,
     WeightUpdate,
 )
-from agentrl.types import Action, Message, Trajectory
+from agentrl.types import Action, Message, ToolStatus, Trajectory
 
 __all__ = [
     "EchoEnv",
@@ -110,11 +110,11 @@ class FakeSandbox:
 
     async def run(self, code: str, *, timeout: float | None = None) -> ExecResult:
         if self.closed:
-            return ExecResult(ExecStatus.SANDBOX_ERROR, message="sandbox is closed")
+            return ExecResult(ToolStatus.SANDBOX_ERROR, message="sandbox is closed")
         self.history.append(code)
         start = time.perf_counter()
         out, err = io.StringIO(), io.StringIO()
-        status = ExecStatus.OK
+        status = ToolStatus.OK
         try:
             tree = ast.parse(code, mode="exec")
             last = tree.body[-1] if tree.body else None
@@ -128,7 +128,7 @@ class FakeSandbox:
                 else:
                     exec(compile(tree, "<cell>", "exec"), self._globals)
         except BaseException:  # the fake mirrors a real sandbox: the code's failure is data
-            status = ExecStatus.ERROR
+            status = ToolStatus.ERROR
             err.write(traceback.format_exc(limit=-1))
         await asyncio.sleep(0)
         cap = self.limits.output_bytes

@@ -39,7 +39,6 @@ from agentrl import (
     Action,
     Env,
     ExecResult,
-    ExecStatus,
     Limits,
     Message,
     Observation,
@@ -49,6 +48,7 @@ from agentrl import (
     Tool,
     ToolContext,
     ToolRecord,
+    ToolStatus,
 )
 from agentrl.errors import ConfigError, EnvContractError
 from agentrl.tools import ParsedTurn, ToolCallParser, ToolExecutor, get_parser, parse_number
@@ -243,14 +243,14 @@ class _EpisodeSandbox:
 
     async def run(self, code: str, *, timeout: float | None = None) -> ExecResult:
         if self._closed:
-            return ExecResult(ExecStatus.SANDBOX_ERROR, message="the episode's sandbox is closed")
+            return ExecResult(ToolStatus.SANDBOX_ERROR, message="the episode's sandbox is closed")
         if self._inner is None:
             try:
                 cm = await self._session()
                 self._inner = await cm.__aenter__()
                 self._cm = cm
             except Exception as e:
-                return ExecResult(ExecStatus.SANDBOX_ERROR, message=f"could not start the sandbox: {e!r}")
+                return ExecResult(ToolStatus.SANDBOX_ERROR, message=f"could not start the sandbox: {e!r}")
         return await self._inner.run(code, timeout=timeout)
 
     async def reset(self) -> None:
