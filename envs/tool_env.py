@@ -159,6 +159,8 @@ class ToolEnv(Env):
     async def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, dict[str, Any]]:
+        """Build the task for ``seed`` and return the prompt messages (system, few-shot, task) and its
+        info."""
         self.seed(seed)
         await self._release_sandbox()
         options = dict(options or {})
@@ -178,6 +180,7 @@ class ToolEnv(Env):
         return (*system, *self.fewshot, *task_messages), dict(self.task.info)
 
     async def step(self, action: Action) -> StepResult:
+        """Parse the model's turn; run its tool calls (tool messages come back) or score its final answer."""
         if self.task is None or self.done:
             raise EnvContractError(f"{type(self).__name__}.step() called before reset() or after the end")
         turn = self.turn
@@ -209,6 +212,7 @@ class ToolEnv(Env):
         )
 
     async def close(self) -> None:
+        """Give back the episode's sandbox session."""
         await self._release_sandbox()
         self.done = True
 

@@ -26,7 +26,7 @@ the event loop; pass ``thread=False`` for cheap pure functions.
 
 Hand-written tools whose name or parameters are chosen at run time (:class:`~agentrl.tools.PythonTool`,
 :class:`~agentrl.tools.LookupTool`) build their schema with :func:`function_schema`, the same machinery.
-"""
+"""  # noqa: D214 -- the indented Args section belongs to the example docstring inside this one
 
 from __future__ import annotations
 
@@ -105,10 +105,12 @@ class FunctionTool:
 
     @property
     def name(self) -> str:
+        """The function's name, as the model calls it."""
         return self._name
 
     @property
     def schema(self) -> dict[str, Any]:
+        """The OpenAI function schema built from the signature and docstring."""
         return self._schema
 
     @property
@@ -120,6 +122,7 @@ class FunctionTool:
         return f"FunctionTool({self._name!r})"
 
     async def __call__(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
+        """Validate and coerce ``arguments`` against the signature, then call the function."""
         try:
             kwargs = coerce_arguments(
                 self._signature, self._hints, self.parameters, arguments, skip=self._context_param

@@ -198,6 +198,7 @@ class Session:
 
     @property
     def current(self) -> _Segment | None:
+        """The segment being recorded (the last one), if any."""
         return self.segments[-1] if self.segments else None
 
     # ------------------------------------------------------------------------------------------
