@@ -162,9 +162,10 @@ class ChatRenderer:
         dicts = [m.to_dict() for m in messages]
         kwargs = {**self._special_map, **self.template_kwargs}
         try:
-            return self._render_fn(
+            text: str = self._render_fn(
                 dicts, list(tools) if tools else None, add_generation_prompt, kwargs, self.tokenizer
             )
+            return text
         except Exception as e:  # jinja raise_exception(), TypeError from odd templates
             raise TemplateError(f"the chat template failed to render {len(dicts)} messages: {e}") from e
 

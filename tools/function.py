@@ -116,7 +116,8 @@ class FunctionTool:
     @property
     def parameters(self) -> dict[str, Any]:
         """The JSON Schema of the arguments."""
-        return self._schema["function"]["parameters"]
+        params: dict[str, Any] = self._schema["function"]["parameters"]
+        return params
 
     def __repr__(self) -> str:
         return f"FunctionTool({self._name!r})"
@@ -247,7 +248,7 @@ def _build_schema(
     name: str, doc: str | None, signature: inspect.Signature, hints: dict[str, Any]
 ) -> dict[str, Any]:
     """The schema of a function called ``name`` with this docstring, signature and resolved hints."""
-    from transformers.utils import get_json_schema
+    from transformers.utils.chat_template_utils import get_json_schema
 
     # get_json_schema reads __signature__, resolved annotations, __name__ and the docstring of a function.
     # A stand-in carries them, so a tool's own function is never touched (its context parameter is hidden).

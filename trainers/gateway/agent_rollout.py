@@ -108,7 +108,7 @@ def load_agent(spec: str) -> AgentFn:
             module = importlib.import_module(path)
         except ImportError as e:
             raise ConfigError(f"--agent {spec!r}: cannot import {path}: {e}") from e
-    fn = getattr(module, name, None)
+    fn: AgentFn | None = getattr(module, name, None)
     if fn is None:
         raise ConfigError(f"--agent {spec!r}: {path} has no {name!r}")
     if not inspect.iscoroutinefunction(fn):
