@@ -10,7 +10,7 @@ environment plug-ins load on the first ``make``/``list_envs``, and Gymnasium's r
 from agentrl.checker import check_env
 from agentrl.env import Env, Observation, StepResult, as_step_result
 from agentrl.errors import AgentRLError
-from agentrl.execution import ExecResult, ExecStatus, Limits
+from agentrl.execution import ExecResult, Limits
 from agentrl.groups import TrajectoryGroup, group_trajectories
 from agentrl.protocols import (
     FinishReason,
@@ -52,7 +52,6 @@ __all__ = [
     "EnvSpec",
     "EpisodeFailure",
     "ExecResult",
-    "ExecStatus",
     "FinishReason",
     "Generation",
     "GymnasiumEnv",

@@ -1,4 +1,4 @@
-"""Chat-template rendering as token deltas, with a runtime check that the template is append-only.
+r"""Chat-template rendering as token deltas, with a runtime check that the template is append-only.
 
 The rollout never re-tokenizes what the model sampled (pitfall §15.1). It needs token ids for everything
 *else*: the initial prompt, and after each model turn the new environment/tool messages plus the next
@@ -11,7 +11,7 @@ generation prompt. :class:`ChatRenderer` gets those from the model's own chat te
    of the prompt already fed to the model, followed by the sampled text. If it does not, the template is
    not append-only for this conversation (pitfall §15.4: e.g. it drops earlier reasoning) and
    :class:`~agentrl.errors.TemplateError` is raised; the rollout then stops or raises as configured.
-3. What follows the sampled end-of-turn token up to the first new message (``"\\n"`` after ``<|im_end|>``
+3. What follows the sampled end-of-turn token up to the first new message (``"\n"`` after ``<|im_end|>``
    in ChatML) was inserted by the template and never sampled: it becomes a ``TEMPLATE`` piece (mask 0, no
    log-prob; pitfall §15.3). The new messages become ``OBSERVATION`` pieces, the next generation prompt a
    ``TEMPLATE`` piece.
@@ -168,9 +168,10 @@ class ChatRenderer:
         dicts = [m.to_dict() for m in messages]
         kwargs = {**self._special_map, **self.template_kwargs}
         try:
-            return self._render_fn(
+            text: str = self._render_fn(
                 dicts, list(tools) if tools else None, add_generation_prompt, kwargs, self.tokenizer
             )
+            return text
         except Exception as e:  # jinja raise_exception(), TypeError from odd templates
             raise TemplateError(f"the chat template failed to render {len(dicts)} messages: {e}") from e
 
@@ -209,6 +210,7 @@ class ChatRenderer:
         return self.decode(body)
 
     def is_stop(self, token_id: int) -> bool:
+        """True when ``token_id`` is one of :attr:`stop_token_ids` (it ends a model turn)."""
         return token_id in self._stop_set
 
     # ------------------------------------------------------------------------------------------

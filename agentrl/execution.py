@@ -14,15 +14,9 @@ from dataclasses import dataclass
 from agentrl.errors import ConfigError
 from agentrl.types import ToolStatus
 
-__all__ = ["ExecResult", "ExecStatus", "Limits"]
+__all__ = ["ExecResult", "Limits"]
 
 MiB = 1024 * 1024
-
-ExecStatus = ToolStatus
-"""The former name of :class:`~agentrl.types.ToolStatus`, kept so code written against it keeps working.
-
-A sandbox run and the tool call it serves share one status vocabulary; a run ends in one of the run statuses
-(never a call status such as ``PARSE_ERROR``)."""
 
 
 @dataclass(frozen=True, slots=True)

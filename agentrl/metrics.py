@@ -68,6 +68,7 @@ class MetricsLogger:
             self._wandb.log(dict(clean), step=step)
 
     def close(self) -> None:
+        """Flush and close the TensorBoard writer, if one is open."""
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:

@@ -217,11 +217,14 @@ class GymnasiumEnv(gymnasium.Env[str, str]):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
+        """Reset the wrapped env (run to completion); observation as a JSON string."""
         super().reset(seed=seed)
         obs, info = run_sync(self.env.reset(seed=seed, options=options))
         return encode_observation(obs), _plain_info(info)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Play one model turn; Gymnasium's 5-tuple with the typed result's core data under
+        ``info['agentrl']``."""
         if not isinstance(action, str):
             raise ConfigError(f"action must be the model's turn as a str, got {type(action).__name__}")
         result = as_step_result(run_sync(self.env.step(Action(text=action))))
@@ -234,6 +237,7 @@ class GymnasiumEnv(gymnasium.Env[str, str]):
         )
 
     def close(self) -> None:
+        """Close the wrapped env."""
         run_sync(self.env.close())
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from agentrl.env import Env, Observation, StepResult
 from agentrl.errors import ConfigError
-from agentrl.execution import ExecResult, ExecStatus, Limits
+from agentrl.execution import ExecResult, Limits
 from agentrl.groups import TrajectoryGroup, group_trajectories
 from agentrl.protocols import (
     FinishReason,
@@ -36,7 +36,7 @@ from agentrl.protocols import (
     ToolOutput,
     WeightUpdate,
 )
-from agentrl.types import Action, Message, Trajectory
+from agentrl.types import Action, Message, ToolStatus, Trajectory
 
 __all__ = [
     "EchoEnv",
@@ -78,12 +78,15 @@ class ScriptedPolicy:
 
     @property
     def version(self) -> int:
+        """The version stamped on each generation."""
         return self._version
 
     def set_version(self, version: int) -> None:
+        """Set the version stamped on later generations."""
         self._version = version
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        """The next scripted turn as a :class:`Generation` (recording the prompt in :attr:`calls`)."""
         self.calls.append(tuple(prompt_ids))
         if callable(self._turns):
             ids = tuple(self._turns(prompt_ids))
@@ -109,12 +112,13 @@ class FakeSandbox:
         """Code of every run, in order."""
 
     async def run(self, code: str, *, timeout: float | None = None) -> ExecResult:
+        """Run ``code`` in this process with ``exec`` (NOT isolated); print output is captured and capped."""
         if self.closed:
-            return ExecResult(ExecStatus.SANDBOX_ERROR, message="sandbox is closed")
+            return ExecResult(ToolStatus.SANDBOX_ERROR, message="sandbox is closed")
         self.history.append(code)
         start = time.perf_counter()
         out, err = io.StringIO(), io.StringIO()
-        status = ExecStatus.OK
+        status = ToolStatus.OK
         try:
             tree = ast.parse(code, mode="exec")
             last = tree.body[-1] if tree.body else None
@@ -128,7 +132,7 @@ class FakeSandbox:
                 else:
                     exec(compile(tree, "<cell>", "exec"), self._globals)
         except BaseException:  # the fake mirrors a real sandbox: the code's failure is data
-            status = ExecStatus.ERROR
+            status = ToolStatus.ERROR
             err.write(traceback.format_exc(limit=-1))
         await asyncio.sleep(0)
         cap = self.limits.output_bytes
@@ -143,9 +147,11 @@ class FakeSandbox:
         )
 
     async def reset(self) -> None:
+        """Forget every variable of the session."""
         self._globals = {}
 
     async def close(self) -> None:
+        """Close the session; later runs end in ``SANDBOX_ERROR``."""
         self.closed = True
         self._globals = {}
 
@@ -175,6 +181,7 @@ class EchoTool:
     }
 
     async def __call__(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
+        """Return ``arguments['text']`` unchanged."""
         return ToolOutput(content=str(arguments["text"]))
 
 
@@ -185,9 +192,11 @@ class MemoryStore:
         self.trajectories: list[Trajectory] = []
 
     async def append(self, trajectory: Trajectory) -> None:
+        """Keep ``trajectory`` in memory."""
         self.trajectories.append(trajectory)
 
     def read(self) -> Iterator[Trajectory]:
+        """The stored trajectories, in the order they were appended."""
         return iter(list(self.trajectories))
 
     def read_groups(self, *, size: int | None = None) -> Iterator[TrajectoryGroup]:
@@ -203,11 +212,13 @@ class EchoEnv(Env):
     async def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, dict[str, Any]]:
+        """Pick the word for ``seed`` and ask the model to repeat it."""
         self.seed(seed)
         self.word = self.rng.choice(self.WORDS)
         return (Message("user", f"Repeat exactly: {self.word}"),), {"answer": self.word}
 
     async def step(self, action: Action) -> StepResult:
+        """Reward 1.0 for an exact repeat; the episode ends after one turn."""
         return StepResult(reward=float(action.text.strip() == self.word), terminated=True)
 
 
@@ -230,15 +241,18 @@ class RecordingWeightSink:
 
     @property
     def version(self) -> int:
+        """The version of the last update taken (or the starting version)."""
         return self._version
 
     async def load_weights(self, update: WeightUpdate) -> None:
+        """Record ``update`` (tensors copied) and take its version; an older version is refused."""
         update.check_after(self._version)
         kept = {k: v.clone() if hasattr(v, "clone") else v for k, v in update.named_tensors.items()}
         self.updates.append(WeightUpdate(update.version, kept))
         self._version = update.version
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        """Sample from the wrapped policy, stamped with the current version."""
         if self.policy is None:
             raise ConfigError("this RecordingWeightSink wraps no policy; pass one to sample")
         version = self._version
@@ -262,6 +276,7 @@ class FakeSandboxSource:
 
     @contextlib.asynccontextmanager
     async def acquire(self) -> AsyncIterator[FakeSandbox]:
+        """Borrow a session (waiting while ``size`` are out); it is reset when it comes back."""
         async with self._available:
             sb = self._free.pop()
             self.lent += 1

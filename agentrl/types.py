@@ -210,6 +210,7 @@ class ToolRecord:
     """Extra diagnostics not shown to the model (e.g. the sandbox's own message)."""
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON object stored in ``trajectories.jsonl``."""
         return {
             "call_id": self.call_id,
             "name": self.name,
@@ -223,6 +224,7 @@ class ToolRecord:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ToolRecord:
+        """Parse :meth:`to_dict`'s output (as read back from JSON)."""
         return cls(
             call_id=str(d["call_id"]),
             name=str(d["name"]),
@@ -264,6 +266,7 @@ class Segment:
     """Index into ``Trajectory.messages`` of the message these tokens render, if any."""
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON object stored in ``trajectories.jsonl``."""
         return {
             "source": self.source.value,
             "start": self.start,
@@ -274,6 +277,7 @@ class Segment:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Segment:
+        """Parse :meth:`to_dict`'s output (as read back from JSON)."""
         mi = d.get("message_index")
         return cls(
             source=TokenSource(d["source"]),
@@ -333,10 +337,12 @@ class EpisodeFailure:
     """True when the machinery failed (the episode must not be trained on)."""
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON object stored in ``trajectories.jsonl``."""
         return {"kind": self.kind, "message": self.message, "turn": self.turn, "infra": self.infra}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EpisodeFailure:
+        """Parse :meth:`to_dict`'s output (as read back from JSON)."""
         return cls(str(d["kind"]), str(d["message"]), int(d["turn"]), bool(d["infra"]))
 
 
@@ -365,6 +371,7 @@ class TrajectoryMeta:
     """Small scalar annotations (difficulty, split, answer) — JSON scalars only."""
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON object stored in ``trajectories.jsonl``."""
         return {
             "env_id": self.env_id,
             "seed": self.seed,
@@ -378,6 +385,7 @@ class TrajectoryMeta:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TrajectoryMeta:
+        """Parse :meth:`to_dict`'s output (as read back from JSON)."""
         return cls(
             env_id=str(d.get("env_id", "")),
             seed=d.get("seed"),

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from agentrl.run import RunDir
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -43,8 +45,9 @@ def one_run(out: Path) -> dict[str, float]:
         check=True,
     )
     wall = time.perf_counter() - t0
-    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
-    trajs = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    run = RunDir(out)
+    row = json.loads(run.metrics_path.read_text().splitlines()[0])
+    trajs = [json.loads(line) for line in run.trajectories_path.read_text().splitlines()]
     ran_python = sum(any(c["name"] == "python" for c in t["tool_calls"]) for t in trajs)
     return {
         "wall_s": wall,
@@ -74,18 +77,16 @@ CURVE_KEYS = [
 
 def curve(run: Path) -> list[str]:
     """The per-step table of a finished `agentrl train` run (reads its metrics.jsonl and config.json)."""
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    cfg = json.loads((run / "config.json").read_text())
-    # config.json says "otb" (older runs) or {"name": "otb", ...options}; print it as the CLI names it.
-    from agentrl.credit import estimator_config
+    from agentrl.trainers.pg import TrainConfig
 
-    estimator = estimator_config(cfg["estimator"])
+    rows = [json.loads(line) for line in RunDir(run).metrics_path.read_text().splitlines()]
+    cfg = RunDir(run).read_config(TrainConfig)
     lines = [
         "",
         "## A whole default run",
         "",
-        f"`agentrl train` with every default ({cfg['model']}, {cfg['env']}, {estimator}, "
-        f"{cfg['groups_per_step']} tasks x {cfg['group_size']} episodes, {cfg['steps']} steps), "
+        f"`agentrl train` with every default ({cfg.model}, {cfg.env}, {cfg.estimator}, "
+        f"{cfg.groups_per_step} tasks x {cfg.group_size} episodes, {cfg.steps} steps), "
         f"summarised by `benchmarks/train_default.py --curve RUN`. Each step samples new tasks, so the "
         "reward of one step is a 16-episode estimate (±0.12 at p = 0.5).",
         "",

@@ -26,6 +26,7 @@ class CalculatorEnv(ToolEnv):
         super().__init__([calculator], parser="hermes", **kwargs)
 
     def make_task(self, options: dict[str, Any]) -> Task:
+        """A word problem over random ``digits``-digit numbers (products, then a sum or a difference)."""
         rng = self.rng
         a, b, c = (rng.randint(10 ** (self.digits - 1), 10**self.digits - 1) for _ in range(3))
         days = rng.randint(2, 30)

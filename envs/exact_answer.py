@@ -12,7 +12,7 @@ _ANSWER = re.compile(r"(?:answer\s*[:=]?\s*|\\boxed\{)\s*(-?\d+)", re.IGNORECASE
 
 
 class ExactAnswerEnv(Env):
-    """One question ``a op b``; reward 1 when the final ``Answer: N`` (or ``\\boxed{N}``) is exact."""
+    r"""One question ``a op b``; reward 1 when the final ``Answer: N`` (or ``\boxed{N}``) is exact."""
 
     def __init__(self, max_operand: int = 99):
         if not isinstance(max_operand, int) or max_operand < 2:
@@ -22,6 +22,7 @@ class ExactAnswerEnv(Env):
     async def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, dict[str, Any]]:
+        """Draw the question for ``seed``."""
         self.seed(seed)
         rng = self.rng
         a, b = rng.randint(2, self.max_operand), rng.randint(2, self.max_operand)
@@ -31,6 +32,7 @@ class ExactAnswerEnv(Env):
         return (Message("user", question),), {"answer": self.answer}
 
     async def step(self, action: Action) -> StepResult:
+        """Score the final answer; the episode ends after one turn."""
         found = _ANSWER.findall(action.text)
         correct = bool(found) and int(found[-1]) == self.answer
         return StepResult(reward=float(correct), terminated=True, info={"answer": self.answer})

@@ -29,6 +29,7 @@ class GuessNumberEnv(Env):
     async def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, dict[str, Any]]:
+        """Draw the secret number for ``seed`` and explain the game."""
         self.seed(seed)
         self.target = self.rng.randint(self.low, self.high)
         self.guesses = 0
@@ -39,6 +40,7 @@ class GuessNumberEnv(Env):
         return (Message("user", prompt),), {"target": self.target}
 
     async def step(self, action: Action) -> StepResult:
+        """Answer a guess with higher/lower; reward 1 when it is right."""
         self.guesses += 1
         left = self.max_guesses - self.guesses
         found = _NUMBER.findall(action.text)

@@ -1,10 +1,10 @@
-"""``math-tir-v0``: tool-integrated math. The model writes ```python blocks, reads their output, answers.
+r"""``math-tir-v0``: tool-integrated math. The model writes ```python blocks, reads their output, answers.
 
 Problems come from :mod:`agentrl.envs.math_problems` (seeded; eight kinds; difficulty 1-3; a hash-based
 held-out ``test`` split). The prompt is built for small chat models such as SmolLM2-135M-Instruct: a short
 system prompt, one worked example as prior turns (question, python block, its output, ``Answer: N``), and
 the same one-line instruction after every question.
-Reward: 1.0 for an exactly right final answer (``Answer: N`` or ``\\boxed{N}``; fractions and decimals are
+Reward: 1.0 for an exactly right final answer (``Answer: N`` or ``\boxed{N}``; fractions and decimals are
 compared as exact numbers), else 0.0, or ``format_reward`` when a wrong answer was at least a number.
 
 Options at ``reset``: ``split`` (``"train"``/``"test"``), ``difficulty`` (1-3 or ``None`` for mixed),
@@ -75,6 +75,8 @@ class MathTIREnv(ToolEnv):
         super().__init__([python], parser="python", **kwargs)
 
     def make_task(self, options: dict[str, Any]) -> Task:
+        """A problem drawn from :mod:`~agentrl.envs.math_problems` (``options`` may set split, kinds,
+        difficulty)."""
         kinds = options.get("kinds", self.kinds)
         problem = math_problems.sample(
             self.rng,
@@ -92,6 +94,7 @@ class MathTIREnv(ToolEnv):
         return Task(prompt=f"{problem.question}\n{INSTRUCTION}", answer=problem.answer, info=info)
 
     def score(self, parsed: ParsedTurn) -> float:
+        """1.0 for the exact answer, ``format_reward`` for a wrong but readable number, else 0."""
         assert self.task is not None
         value = parse_number(parsed.answer)
         if value is None:

@@ -44,6 +44,7 @@ class ShopEnv(ToolEnv):
         super().__init__([price, coupon, calculator], parser="hermes", **kwargs)
 
     def make_task(self, options: dict[str, Any]) -> Task:
+        """A random basket and coupon; the answer is the discounted total in whole cents."""
         rng = self.rng
         prices = {item: rng.randint(20, 900) for item in ITEMS}
         coupons = {code: pct for code, pct in zip(COUPONS, (5, 10, 20, 50), strict=True)}
@@ -62,6 +63,7 @@ class ShopEnv(ToolEnv):
         )
 
     async def on_final(self, parsed: ParsedTurn) -> StepResult:
+        """Score the final answer; a wrong first answer gets one retry with a hint (then half reward)."""
         assert self.task is not None
         right = parse_number(parsed.answer) == self.task.answer
         if right or self.retried:

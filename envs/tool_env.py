@@ -39,7 +39,6 @@ from agentrl import (
     Action,
     Env,
     ExecResult,
-    ExecStatus,
     Limits,
     Message,
     Observation,
@@ -49,6 +48,7 @@ from agentrl import (
     Tool,
     ToolContext,
     ToolRecord,
+    ToolStatus,
 )
 from agentrl.errors import ConfigError, EnvContractError
 from agentrl.tools import ParsedTurn, ToolCallParser, ToolExecutor, get_parser, parse_number
@@ -159,6 +159,8 @@ class ToolEnv(Env):
     async def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, dict[str, Any]]:
+        """Build the task for ``seed`` and return the prompt messages (system, few-shot, task) and its
+        info."""
         self.seed(seed)
         await self._release_sandbox()
         options = dict(options or {})
@@ -178,6 +180,7 @@ class ToolEnv(Env):
         return (*system, *self.fewshot, *task_messages), dict(self.task.info)
 
     async def step(self, action: Action) -> StepResult:
+        """Parse the model's turn; run its tool calls (tool messages come back) or score its final answer."""
         if self.task is None or self.done:
             raise EnvContractError(f"{type(self).__name__}.step() called before reset() or after the end")
         turn = self.turn
@@ -209,6 +212,7 @@ class ToolEnv(Env):
         )
 
     async def close(self) -> None:
+        """Give back the episode's sandbox session."""
         await self._release_sandbox()
         self.done = True
 
@@ -243,14 +247,14 @@ class _EpisodeSandbox:
 
     async def run(self, code: str, *, timeout: float | None = None) -> ExecResult:
         if self._closed:
-            return ExecResult(ExecStatus.SANDBOX_ERROR, message="the episode's sandbox is closed")
+            return ExecResult(ToolStatus.SANDBOX_ERROR, message="the episode's sandbox is closed")
         if self._inner is None:
             try:
                 cm = await self._session()
                 self._inner = await cm.__aenter__()
                 self._cm = cm
             except Exception as e:
-                return ExecResult(ExecStatus.SANDBOX_ERROR, message=f"could not start the sandbox: {e!r}")
+                return ExecResult(ToolStatus.SANDBOX_ERROR, message=f"could not start the sandbox: {e!r}")
         return await self._inner.run(code, timeout=timeout)
 
     async def reset(self) -> None:

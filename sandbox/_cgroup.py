@@ -43,7 +43,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _remove_tree(path: Path) -> bool:
-    """rmdir a cgroup and its (empty) children, deepest first; True if it is gone."""
+    """Remove (rmdir) a cgroup and its (empty) children, deepest first; True if it is gone."""
     try:
         children = [p for p in path.iterdir() if p.is_dir()]
     except OSError:

@@ -385,6 +385,7 @@ class DockerSandbox(SessionBackend[_Container]):
 
     @property
     def limits(self) -> Limits:
+        """The most this sandbox grants (per-call limits are clamped to these)."""
         return self._limits
 
     @property

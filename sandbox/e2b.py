@@ -91,6 +91,7 @@ class E2BSandbox:
 
     @property
     def limits(self) -> Limits:
+        """The most this sandbox grants (per-call limits are clamped to these)."""
         return self._limits
 
     # -- lifecycle ---------------------------------------------------------------------------------

@@ -115,6 +115,7 @@ class SandboxPool:
 
     @property
     def stats(self) -> PoolStats:
+        """A snapshot of the pool's counters."""
         return PoolStats(
             live=self._live,
             idle=len(self._idle),

@@ -54,13 +54,16 @@ class SelfTestReport:
 
     @property
     def passed(self) -> bool:
+        """True when at least one check ran and every check passed."""
         return bool(self.checks) and all(ok for ok, _ in self.checks.values())
 
     @property
     def failed(self) -> list[str]:
+        """Names of the checks that failed."""
         return [name for name, (ok, _) in self.checks.items() if not ok]
 
     def summary(self) -> str:
+        """One line per check: ``ok``/``FAIL``, its name and detail."""
         lines = [f"{'ok  ' if ok else 'FAIL'} {name}: {detail}" for name, (ok, detail) in self.checks.items()]
         return "\n".join(lines)
 

@@ -32,35 +32,199 @@ FORBIDDEN = {
 }
 
 
-def _imports(path: Path, package: str) -> list[tuple[int, str]]:
+# Layers inside the core, bottom first. A module may import modules of its own layer and of the layers below,
+# never above; a package (credit, learner, policies, replay) is one unit. docs/architecture.md draws them.
+CORE_LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("foundation", frozenset({"errors", "_sync", "config", "weights"})),
+    ("data", frozenset({"types", "execution", "run", "groups"})),
+    ("contracts", frozenset({"protocols", "env", "registry", "checker"})),
+    ("tokens", frozenset({"masking", "chat", "audit"})),
+    ("records", frozenset({"store", "metrics"})),
+    ("replay", frozenset({"replay"})),
+    ("acting", frozenset({"models", "checkpoint", "policies", "episode", "rollout", "testing"})),
+    ("learning", frozenset({"batch", "credit", "learner"})),
+    ("update", frozenset({"update"})),
+)
+"""``agentrl/__init__.py`` (the public API) sits above them all; nothing in the core imports it."""
+
+
+def module_name(path: Path, folder: Path, package: str) -> str:
+    """The import name of ``path`` inside ``folder``, which installs as ``package``."""
+    parts = list(path.relative_to(folder).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([package, *parts])
+
+
+def _imports(
+    path: Path, module: str, known: set[str] | frozenset[str] = frozenset()
+) -> list[tuple[int, str]]:
+    """``(line, imported name)`` for every import in ``path`` (inside functions and ``TYPE_CHECKING`` too).
+
+    ``from a import b`` yields ``a.b`` when that is one of the ``known`` modules, else ``a``.
+    """
     tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: resolve against the file's package
-                rel = path.relative_to(ROOT).parent.parts[1:]
-                base = package.split(".") + list(rel)
+                base = package.split(".")
                 base = base[: len(base) - (node.level - 1)]
                 mod = ".".join([*base, node.module] if node.module else base)
             else:
                 mod = node.module or ""
-            found.append((node.lineno, mod))
-            found += [(node.lineno, f"{mod}.{a.name}") for a in node.names]
+            subs = [f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in known]
+            if len(subs) < len(node.names):
+                found.append((node.lineno, mod))
+            found += [(node.lineno, s) for s in subs]
     return found
+
+
+def import_graph(
+    root: Path = ROOT, folders: dict[str, str] = LAYERS
+) -> dict[str, dict[str, tuple[Path, int]]]:
+    """``{module: {imported module: (file, line)}}`` over the repository's own modules."""
+    files = {}
+    for folder, package in folders.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            files[module_name(path, root / folder, package)] = path
+    graph: dict[str, dict[str, tuple[Path, int]]] = {}
+    for mod, path in files.items():
+        edges = graph.setdefault(mod, {})
+        for lineno, name in _imports(path, mod, set(files)):
+            while name and name not in files:  # `import agentrl.credit.otb` names a module; keep the longest
+                name = name.rpartition(".")[0]
+            if name and name != mod:
+                edges.setdefault(name, (path, lineno))
+    return graph
+
+
+def layer_violations(graph: dict[str, dict[str, tuple[Path, int]]], root: Path = ROOT) -> list[str]:
+    """One line per import against :data:`CORE_LAYERS` (or per core module without a layer)."""
+    rank = {unit: i for i, (_, units) in enumerate(CORE_LAYERS) for unit in units}
+    names = [name for name, _ in CORE_LAYERS]
+    core = {
+        m
+        for m in graph
+        if m.startswith("agentrl.") and m.split(".")[1] not in ("envs", "tools", "sandbox", "trainers")
+    }
+    bad = []
+    for mod in sorted(core):
+        unit = mod.split(".")[1]
+        if unit not in rank:
+            bad.append(
+                f"agentrl/{unit}: no layer; add {unit!r} to CORE_LAYERS in tests/test_packaging.py and to "
+                "the layer table in docs/architecture.md"
+            )
+            continue
+        for dep, (path, lineno) in sorted(graph[mod].items()):
+            if dep == "agentrl":
+                bad.append(
+                    f"{path.relative_to(root)}:{lineno} imports the package facade `agentrl`; import the "
+                    "module that defines the name"
+                )
+                continue
+            if dep not in core or dep.split(".")[1] not in rank:
+                continue
+            dep_unit = dep.split(".")[1]
+            if rank[dep_unit] > rank[unit]:
+                bad.append(
+                    f"{path.relative_to(root)}:{lineno} ({names[rank[unit]]} layer) imports {dep} "
+                    f"({names[rank[dep_unit]]} layer, above it); move the shared piece down or the "
+                    "importer up"
+                )
+    return sorted(set(bad))
+
+
+def find_cycles(graph: dict[str, dict[str, tuple[Path, int]]]) -> list[list[str]]:
+    """The import cycles of ``graph``: each strongly connected component of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
 
 
 @pytest.mark.parametrize("folder", sorted(LAYERS))
 def test_imports_point_one_way(folder):
     bad = []
     for path in (ROOT / folder).rglob("*.py"):
-        for lineno, mod in _imports(path, LAYERS[folder]):
+        for lineno, mod in _imports(path, module_name(path, ROOT / folder, LAYERS[folder])):
             for forbidden in FORBIDDEN[folder]:
                 top = forbidden.split(".")[1]
                 if mod in (forbidden, top) or mod.startswith((forbidden + ".", top + ".")):
                     bad.append(f"{path.relative_to(ROOT)}:{lineno} imports {mod}")
     assert not bad, "imports against the layer order:\n" + "\n".join(bad)
+
+
+def test_core_modules_import_only_their_layer_and_below():
+    bad = layer_violations(import_graph())
+    assert not bad, (
+        "imports against the core's layers (CORE_LAYERS in tests/test_packaging.py):\n" + "\n".join(bad)
+    )
+
+
+def test_no_import_cycles():
+    cycles = find_cycles(import_graph())
+    assert not cycles, (
+        "import cycles (break each by moving the shared piece into a module both can import):\n"
+        + ("\n".join(" <-> ".join(c) for c in cycles))
+    )
+
+
+def test_docs_draw_the_layers_the_test_enforces():
+    text = (ROOT / "docs" / "architecture.md").read_text().split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:3] for line in text.splitlines() if line.startswith("| ") and "`" in line]
+    drawn = tuple((name.strip(), frozenset(m.strip(" `") for m in mods.split(","))) for name, mods in rows)
+    assert drawn == CORE_LAYERS, "docs/architecture.md's layer table and CORE_LAYERS differ"
+
+
+def test_layer_and_cycle_checks_catch_planted_violations(tmp_path):
+    core = tmp_path / "agentrl"
+    core.mkdir()
+    (core / "__init__.py").write_text("")
+    (core / "errors.py").write_text("from agentrl.update import policy_update\n")  # bottom imports top
+    (core / "update.py").write_text("import agentrl.errors\n")
+    (core / "newthing.py").write_text("")
+    graph = import_graph(tmp_path, {"agentrl": "agentrl"})
+    assert graph["agentrl.errors"] == {"agentrl.update": (core / "errors.py", 1)}
+    bad = layer_violations(graph, tmp_path)
+    assert any(b.startswith("agentrl/errors.py:1 (foundation layer) imports agentrl.update") for b in bad), (
+        bad
+    )
+    assert any(b.startswith("agentrl/newthing: no layer") for b in bad), bad
+    assert find_cycles(graph) == [["agentrl.errors", "agentrl.update"]]
 
 
 def test_every_package_folder_is_listed_in_pyproject():

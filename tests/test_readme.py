@@ -54,3 +54,26 @@ def test_collection_example_runs(tmp_path, monkeypatch):
 
     trajs = list(read_trajectories(tmp_path / "rollouts.jsonl"))
     assert len(trajs) == 2 and all(t.meta.env_id == "math-tir-arith-v0" for t in trajs)
+
+
+def test_the_pieces_match_the_tree():
+    """The layout block under "The pieces" names every module and package of agentrl/ and every top-level
+    folder, and nothing that is not there."""
+    root = Path(__file__).resolve().parents[1]
+    section = README.split("## The pieces\n", 1)[1]
+    layout = re.search(r"```\n(.*?)```", section, flags=re.S).group(1)
+    listed_core, listed_top, top = set(), set(), None
+    for line in layout.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        if not line.startswith(" ") and name.endswith("/"):
+            top = name.rstrip("/")
+            listed_top.add(top)
+        elif top == "agentrl" and line.startswith("  ") and not line.startswith("   "):
+            listed_core.add(name.rstrip("/").removesuffix(".py"))
+    on_disk = {p.stem for p in (root / "agentrl").glob("*.py") if p.stem not in ("__init__", "_sync")}
+    on_disk |= {p.parent.name for p in (root / "agentrl").glob("*/__init__.py")}
+    assert listed_core == on_disk, f"README pieces vs agentrl/: {sorted(listed_core ^ on_disk)}"
+    folders = {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    folders = {f for f in folders if any((root / f).rglob("*.py")) or f == "docs"} - {"build", "runs"}
+    folders -= {f for f in folders if f.endswith(".egg-info")}
+    assert listed_top == folders, f"README pieces vs top-level folders: {sorted(listed_top ^ folders)}"

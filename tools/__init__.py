@@ -1,4 +1,4 @@
-"""agentrl's tools (installed as ``agentrl.tools``): the ``@tool`` decorator, built-in tools, call parsers.
+r"""agentrl's tools (installed as ``agentrl.tools``): the ``@tool`` decorator, built-in tools, call parsers.
 
 * :func:`tool` turns a typed function with a Google-style docstring into a :class:`~agentrl.protocols.Tool`.
 * Built-in tools: :data:`python` (:class:`PythonTool`, runs code in the episode's sandbox),
@@ -6,7 +6,7 @@
 * Parsers (:class:`ToolCallParser`): :class:`HermesParser` (``<tool_call>`` JSON) and
   :class:`PythonBlockParser` (fenced ```python blocks, tool-integrated reasoning).
 * :class:`ToolExecutor` runs a parsed turn's calls and records each as a :class:`~agentrl.types.ToolRecord`.
-* :func:`extract_answer` / :func:`parse_number` read a final answer (``\\boxed{}`` or ``Answer:``) exactly.
+* :func:`extract_answer` / :func:`parse_number` read a final answer (``\boxed{}`` or ``Answer:``) exactly.
 
 Tools receive their sandbox by injection (``ToolContext.sandbox``); this package never imports
 ``agentrl.sandbox``.

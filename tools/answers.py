@@ -1,11 +1,11 @@
-"""Final-answer extraction and exact number comparison for tasks with a numeric answer.
+r"""Final-answer extraction and exact number comparison for tasks with a numeric answer.
 
-``extract_answer`` finds what the model committed to: the last ``\\boxed{...}`` (braces balanced), or else the
+``extract_answer`` finds what the model committed to: the last ``\boxed{...}`` (braces balanced), or else the
 last ``Answer: ...`` line (``Final answer:``, ``**Answer:**`` and a full-width colon also count). Code blocks
 are ignored, so ``print("Answer:", x)`` inside a ```python block is not an answer.
 
 ``parse_number`` reads that answer as an exact :class:`fractions.Fraction`: integers (``1,234`` too),
-decimals, ``a/b``, ``\\frac{a}{b}``, a leading sign (unicode minus too), surrounding ``$`` and a trailing
+decimals, ``a/b``, ``\frac{a}{b}``, a leading sign (unicode minus too), surrounding ``$`` and a trailing
 period. When the whole string is not a number, it takes the part after the last ``=``, then a lone number in
 the text (``42 apples``); two or more candidate numbers are ambiguous and give ``None``.
 """
@@ -35,7 +35,7 @@ def strip_code_blocks(text: str) -> str:
 
 
 def extract_answer(text: str) -> str | None:
-    """The final answer in ``text``: the last ``\\boxed{}`` content, else the last ``Answer:`` line."""
+    r"""The final answer in ``text``: the last ``\boxed{}`` content, else the last ``Answer:`` line."""
     prose = strip_code_blocks(text)
     boxed = _last_boxed(prose)
     if boxed is not None:

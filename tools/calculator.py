@@ -77,7 +77,7 @@ def _pow(a: Number, b: Number) -> Number:
         if b < 0 and not isinstance(a, float):
             return _div(1, Fraction(a) ** -b)
         return a**b
-    result = float(a) ** float(b)
+    result: float | complex = float(a) ** float(b)
     if isinstance(result, complex):
         raise CalculatorError("result is not a real number")
     return result

@@ -159,19 +159,9 @@ class ToolExecutor:
                 duration,
                 detail=f"{type(tool).__name__} returned {type(out).__name__}",
             )
-        try:
-            status = ToolStatus(out.status)
-        except ValueError:
-            return _record(
-                call,
-                turn,
-                out.content,
-                ToolStatus.ERROR,
-                duration,
-                detail=f"tool returned an unknown status {out.status!r}; {out.detail}",
-            )
+        # ToolOutput validates its status when built, so it is a ToolStatus here.
         return _record(
-            call, turn, cap_text(out.content, self.max_output_chars), status, duration, detail=out.detail
+            call, turn, cap_text(out.content, self.max_output_chars), out.status, duration, detail=out.detail
         )
 
     @property

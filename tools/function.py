@@ -26,7 +26,7 @@ the event loop; pass ``thread=False`` for cheap pure functions.
 
 Hand-written tools whose name or parameters are chosen at run time (:class:`~agentrl.tools.PythonTool`,
 :class:`~agentrl.tools.LookupTool`) build their schema with :func:`function_schema`, the same machinery.
-"""
+"""  # noqa: D214 -- the indented Args section belongs to the example docstring inside this one
 
 from __future__ import annotations
 
@@ -105,21 +105,25 @@ class FunctionTool:
 
     @property
     def name(self) -> str:
+        """The function's name, as the model calls it."""
         return self._name
 
     @property
     def schema(self) -> dict[str, Any]:
+        """The OpenAI function schema built from the signature and docstring."""
         return self._schema
 
     @property
     def parameters(self) -> dict[str, Any]:
         """The JSON Schema of the arguments."""
-        return self._schema["function"]["parameters"]
+        params: dict[str, Any] = self._schema["function"]["parameters"]
+        return params
 
     def __repr__(self) -> str:
         return f"FunctionTool({self._name!r})"
 
     async def __call__(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
+        """Validate and coerce ``arguments`` against the signature, then call the function."""
         try:
             kwargs = coerce_arguments(
                 self._signature, self._hints, self.parameters, arguments, skip=self._context_param
@@ -244,7 +248,7 @@ def _build_schema(
     name: str, doc: str | None, signature: inspect.Signature, hints: dict[str, Any]
 ) -> dict[str, Any]:
     """The schema of a function called ``name`` with this docstring, signature and resolved hints."""
-    from transformers.utils import get_json_schema
+    from transformers.utils.chat_template_utils import get_json_schema
 
     # get_json_schema reads __signature__, resolved annotations, __name__ and the docstring of a function.
     # A stand-in carries them, so a tool's own function is never touched (its context parameter is hidden).

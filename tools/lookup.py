@@ -55,13 +55,16 @@ class LookupTool:
 
     @property
     def name(self) -> str:
+        """The function name the model uses."""
         return self._name
 
     @property
     def schema(self) -> dict[str, Any]:
+        """The OpenAI function schema (one string key)."""
         return self._schema
 
     async def __call__(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
+        """Look the key up in the table (or the task's ``extra``); an unknown key is an error message."""
         key = arguments.get(self.key_name)
         if set(arguments) != {self.key_name} or not isinstance(key, str | int):
             return ToolOutput(

@@ -1,4 +1,4 @@
-"""Pluggable tool-call parsers: model text in, tool calls (and what went wrong with them) out.
+r"""Pluggable tool-call parsers: model text in, tool calls (and what went wrong with them) out.
 
 A parser owns one text format end to end, so evaluation and training cannot drift apart (anchors §15.7):
 it writes the instructions that teach the format (``format_instructions``), reads the calls back
@@ -10,7 +10,7 @@ Shipped formats:
   as in the Qwen2.5/Qwen3 and Hermes chat templates. Several calls per turn are allowed.
 * :class:`PythonBlockParser` (``"python"``): tool-integrated reasoning. Every fenced ```python block is a
   call to the ``python`` tool; the model sees the output in an ```output block and ends with
-  ``\\boxed{}`` or an ``Answer:`` line.
+  ``\boxed{}`` or an ``Answer:`` line.
 
 Malformed calls never raise: each becomes a :class:`CallError` (``PARSE_ERROR``) that the executor answers
 with a tool message explaining the expected format.
@@ -114,6 +114,7 @@ class HermesParser:
     FORMAT = '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 
     def parse(self, text: str, *, id_prefix: str = "call") -> ParsedTurn:
+        """Split ``text`` into content, ``<tool_call>`` calls, per-call parse errors and the final answer."""
         calls: list[ToolCall] = []
         errors: list[CallError] = []
         for m in self._BLOCK.finditer(text):
@@ -170,6 +171,7 @@ class HermesParser:
         return out
 
     def format_instructions(self, tools: Sequence[Tool]) -> str:
+        """The system-prompt text that lists ``tools`` and the ``<tool_call>`` format."""
         lines = "\n".join(json.dumps(t.schema, ensure_ascii=False) for t in tools)
         return (
             "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -180,6 +182,7 @@ class HermesParser:
         )
 
     def format_output(self, name: str, content: str) -> str:
+        """Tool output as the model sees it: unchanged (the template wraps tool messages itself)."""
         return content
 
 
@@ -212,6 +215,7 @@ class PythonBlockParser:
         self.tool_name = tool_name
 
     def parse(self, text: str, *, id_prefix: str = "call") -> ParsedTurn:
+        """Turn each ```python block of ``text`` into a call of the python tool; read the final answer."""
         calls: list[ToolCall] = []
         errors: list[CallError] = []
         for m in self._BLOCK.finditer(text):
@@ -229,6 +233,7 @@ class PythonBlockParser:
         return ParsedTurn(text, tuple(calls), tuple(errors), extract_answer(text))
 
     def format_instructions(self, tools: Sequence[Tool]) -> str:
+        """The system-prompt text that explains python blocks; the python tool must be among ``tools``."""
         if not any(t.name == self.tool_name for t in tools):
             raise ConfigError(
                 f"PythonBlockParser calls the tool {self.tool_name!r}, which is not among the tools "
@@ -240,6 +245,7 @@ class PythonBlockParser:
         )
 
     def format_output(self, name: str, content: str) -> str:
+        """Tool output in an ```output block."""
         return f"```output\n{content}\n```"
 
 

@@ -64,16 +64,20 @@ class PythonTool:
 
     @property
     def name(self) -> str:
+        """The function name the model uses."""
         return self._name
 
     @property
     def schema(self) -> dict[str, Any]:
+        """The OpenAI function schema (one ``code`` argument)."""
         return self._schema
 
     def __repr__(self) -> str:
         return f"PythonTool(name={self._name!r}, timeout={self.timeout!r})"
 
     async def __call__(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
+        """Run ``arguments['code']`` in the episode's sandbox; the output (or the error) is what the model
+        reads."""
         extra = sorted(set(arguments) - {"code"})
         code = arguments.get("code")
         if not isinstance(code, str) or extra:

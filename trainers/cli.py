@@ -36,7 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="pass@1 / pass@k on an environment's held-out split")
     ev.add_argument(
-        "--model", required=True, help="'smollm2' or a model folder (<run>/checkpoints/step-N/model)"
+        "--model",
+        required=True,
+        help="'smollm2', 'tiny', a run directory (its newest checkpoint), a checkpoint "
+        "(<run>/checkpoints/step-N) or a Hugging Face model folder",
     )
     ev.add_argument("--env", required=True, help="registered environment id")
     ev.add_argument("--k", type=int, default=4, help="samples per task (default 4)")

@@ -247,9 +247,9 @@ def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     }
 
 
-def _complete_groups(run_dir: Path, step: int, group_size: int) -> list[TrajectoryGroup]:
+def _complete_groups(run: RunDir, step: int, group_size: int) -> list[TrajectoryGroup]:
     """Finished groups of ``step`` on disk, in the order they completed (a resumed step reuses them)."""
-    path = run_dir / "trajectories.jsonl"
+    path = run.trajectories_path
     if not path.exists():
         return []
     return [g for g in read_groups(path, size=group_size) if g[0].meta.step == step]
@@ -315,7 +315,7 @@ class _Session:
     """What a running training loop holds (built once in :func:`train`, used by every step)."""
 
     cfg: TrainConfig
-    run_dir: Path
+    run: RunDir
     make_env: Callable[[], agentrl.Env] | None
     policy: UpdatablePolicy
     renderer: ChatRenderer
@@ -380,7 +380,7 @@ async def _train(cfg: TrainConfig, run: RunDir) -> Path:
         async with pool, agent_runner(cfg, policy, renderer) as agent:
             session = _Session(
                 cfg,
-                run_dir,
+                run,
                 _env_factory(cfg, pool) if agent is None else None,
                 policy,
                 renderer,
@@ -434,7 +434,7 @@ async def _train_step(s: _Session, step: int) -> bool:
     t_step = time.perf_counter()
     seeds = task_seeds(cfg.seed, step, cfg.groups_per_step)
     # Reading the run's trajectories back is only needed once, for the step a resumed run starts at.
-    groups = _complete_groups(s.run_dir, step, cfg.group_size) if step == s.first_step else []
+    groups = _complete_groups(s.run, step, cfg.group_size) if step == s.first_step else []
     reused_tasks = {g.task_id for g in groups}
     reused = sum(len(g) for g in groups)
     todo = [seed for seed in seeds if f"{cfg.env}:{seed}" not in reused_tasks]

@@ -3,7 +3,7 @@
 Data flow for one training step (the trainer in ``agentrl.trainers`` drives it through
 :func:`agentrl.update.policy_update`)::
 
-    batch = collate(trajectories, pad_id)                     # agentrl.batch
+    batch = collate(groups, pad_id=pad_id)                    # agentrl.batch; groups: TrajectoryGroup
     logprobs, sum_pi_sq = learner.score(batch)                # no grad, trainer's own π_old and Σπ²
     batch = dataclasses.replace(batch, old_logprobs_B_T=logprobs)
     adv = OTB().advantages(batch.token_rewards_B_T, batch.loss_mask_B_T,

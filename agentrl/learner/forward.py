@@ -120,7 +120,7 @@ def _chunk_stats(
     want_spi2: bool,
     want_entropy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """log π(target), Σπ² (detached) and entropy for one chunk of hidden states (or logits)."""
+    """Compute log π(target), Σπ² (detached) and entropy for one chunk of hidden states (or logits)."""
     z = to_logits(h)
     z = z.to(torch.float64 if z.dtype == torch.float64 else torch.float32)
     if temperature != 1.0:

@@ -77,6 +77,7 @@ class OpenAIPolicy:
 
     @property
     def version(self) -> int:
+        """The weight version this client reports on its generations."""
         return self._version
 
     def set_version(self, version: int) -> None:
@@ -84,6 +85,7 @@ class OpenAIPolicy:
         self._version = int(version)
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        """Sample one continuation of ``prompt_ids`` from the server."""
         import openai
 
         body: dict[str, Any] = {

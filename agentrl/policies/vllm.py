@@ -49,12 +49,15 @@ class VLLMPolicy:
 
     @property
     def version(self) -> int:
+        """The weight version stamped on each generation."""
         return self._version
 
     def set_version(self, version: int) -> None:
+        """Set the version stamped on later generations (after new weights were loaded)."""
         self._version = int(version)
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        """Sample one continuation of ``prompt_ids`` with the vLLM engine."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 

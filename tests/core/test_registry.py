@@ -121,7 +121,7 @@ class _Broken(Env):
         if self.mode == "nondeterministic":
             self.calls = getattr(self, "calls", 0) + 1
             return (Message("user", str(self.calls)),), {}
-        return (Message("user", "hi"),), {}
+        return (Message("user", f"hi {seed}"),), {}
 
     async def step(self, action):
         if self.mode == "raises" and not action.text.strip():

@@ -65,9 +65,9 @@ def tool_trajectory(reward: float = 1.0, group: str = "g0") -> Trajectory:
 def test_round_trip_is_exact(tmp_path):
     traj = tool_trajectory()
     traj.validate()
-    store = JsonlStore(tmp_path / "t.jsonl")
-    store.write(traj)
-    store.write(tool_trajectory(reward=0.0, group="g1"))
+    with JsonlStore(tmp_path / "t.jsonl") as store:
+        store.write(traj)
+        store.write(tool_trajectory(reward=0.0, group="g1"))
     back = list(store.read())
     assert back[0] == traj
     assert back[1].reward == 0.0 and back[1].meta.group_id == "g1"

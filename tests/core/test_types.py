@@ -6,7 +6,7 @@ import json
 import pytest
 
 from agentrl.errors import AuditError, ConfigError, FormatError
-from agentrl.execution import ExecResult, ExecStatus, Limits
+from agentrl.execution import ExecResult, Limits
 from agentrl.types import Message, StopReason, ToolCall, ToolRecord, ToolStatus, Trajectory
 
 from .test_store import tool_trajectory
@@ -77,7 +77,7 @@ def test_limits_clamp_never_raises_a_limit():
         Limits(wall_s=0)
     with pytest.raises(ConfigError, match="timeout"):
         cap.clamp(wall_s=-1)
-    assert ExecStatus.SANDBOX_ERROR.is_infra and not ExecStatus.TIMEOUT.is_infra
+    assert ToolStatus.SANDBOX_ERROR.is_infra and not ToolStatus.TIMEOUT.is_infra
 
 
 def test_trajectory_json_is_one_line():
@@ -98,7 +98,6 @@ def test_status_strings_of_old_files_still_load_and_sandbox_runs_share_them():
     old = ["ok", "error", "timeout", "oom", "output_limit", "killed", "parse_error", "unknown_tool"]
     old += ["bad_arguments", "sandbox_error"]
     assert [s.value for s in ToolStatus] == old  # what trajectories.jsonl has always stored
-    assert ExecStatus is ToolStatus  # one vocabulary; the old name still imports
     runs = [s for s in ToolStatus if not s.is_call_error]
     assert ExecResult(ToolStatus.TIMEOUT).status is ToolStatus.TIMEOUT and len(runs) == 7
     with pytest.raises(FormatError, match="unknown tool status 'great'"):

@@ -12,7 +12,6 @@ import pytest
 from agentrl import (
     Action,
     ExecResult,
-    ExecStatus,
     Message,
     StepResult,
     StopReason,
@@ -168,7 +167,7 @@ async def test_sandbox_pool_is_acquired_and_released():
 async def test_sandbox_failures_are_sandbox_error_records_and_end_the_episode():
     class Dead(FakeSandbox):
         async def run(self, code: str, *, timeout: float | None = None) -> ExecResult:
-            return ExecResult(ExecStatus.SANDBOX_ERROR, message="worker crashed")
+            return ExecResult(ToolStatus.SANDBOX_ERROR, message="worker crashed")
 
     for factory in (Dead, lambda: (_ for _ in ()).throw(OSError("no bwrap"))):
         env = Tiny(sandbox_factory=factory)

@@ -225,6 +225,7 @@ async def test_client_disconnecting_mid_generation_cancels_it_and_the_session_go
             assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "tool_calls"
             assert (await http.get("/health")).json()["ok"]
         (t,) = await gw.finish("d", 1.0)
+    store.close()
     assert t.num_turns == 1 and t.meta.extra["disconnects"] == 1 and not t.infra_failure
     issues: list = []
     assert len(list(read_trajectories(tmp_path / "t.jsonl", issues=issues))) == 1 and not issues
@@ -238,6 +239,7 @@ async def test_a_failing_store_is_a_500_and_the_session_stays_open(renderer, tmp
             err = error_of(await http.post("/s/w/finish", json={"reward": 1.0}), 500)
             assert "could not record" in err["message"]
             assert "w" in gw.core.sessions and (await http.get("/health")).status_code == 200
-        gw.core.store = JsonlStore(tmp_path / "ok.jsonl")
+        gw.core.store = ok = JsonlStore(tmp_path / "ok.jsonl")
         (t,) = await gw.finish("w", 1.0)
+        ok.close()
     assert len(list(read_trajectories(tmp_path / "ok.jsonl"))) == 1 and t.num_turns == 1

@@ -33,6 +33,7 @@ async def test_gateway_equals_native_rollout(renderer, tmp_path, stream):
     async with Gateway(scripted(renderer), renderer, store=store) as gw:
         reward = await echo_agent(gw.base_url("s1"), stream=stream)
         (traj,) = await gw.finish("s1", reward)
+    store.close()
     assert reward == 1.0
     assert traj.token_ids == ref.token_ids
     assert traj.loss_mask == ref.loss_mask

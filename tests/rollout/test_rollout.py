@@ -543,6 +543,7 @@ async def test_collect_writes_audited_trajectories(renderer, tmp_path):
     assert [[t.meta.episode_id for t in g] for g in store.read_groups(size=2)] == [
         [t.meta.episode_id for t in g] for g in groups
     ]
+    store.close()
 
 
 @pytest.mark.parametrize(

@@ -108,7 +108,7 @@ def load_agent(spec: str) -> AgentFn:
             module = importlib.import_module(path)
         except ImportError as e:
             raise ConfigError(f"--agent {spec!r}: cannot import {path}: {e}") from e
-    fn = getattr(module, name, None)
+    fn: AgentFn | None = getattr(module, name, None)
     if fn is None:
         raise ConfigError(f"--agent {spec!r}: {path} has no {name!r}")
     if not inspect.iscoroutinefunction(fn):
@@ -149,6 +149,7 @@ class EnvTasks:
         self.parser: str = getattr(parser, "name", "hermes")
 
     async def task(self, seed: int) -> AgentTask:
+        """The env's reset observation for ``seed``, with its tools' schemas."""
         env = agentrl.make(self.name, **self.kwargs)
         try:
             obs, info = await env.reset(seed=seed)
@@ -196,6 +197,7 @@ class JsonlTasks:
             raise ConfigError(f"task file {p} has no tasks")
 
     async def task(self, seed: int) -> AgentTask:
+        """Line ``seed`` (modulo the number of lines) of the task file."""
         obj = self.lines[seed % len(self.lines)]
         info = {k: v for k, v in obj.items() if k not in ("messages", "tools")}
         return AgentTask(

@@ -56,7 +56,7 @@ class ServeConfig(GatewayConfig):
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``gateway`` subcommand to ``agentrl``'s subparsers."""
-    p = subparsers.add_parser(
+    p: argparse.ArgumentParser = subparsers.add_parser(
         "gateway",
         help="serve a model behind an OpenAI-compatible API that records agents' sessions as trajectories",
         description=__doc__,

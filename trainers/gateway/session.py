@@ -107,6 +107,7 @@ class _SchemaTool:
 
     name: str
     schema: dict[str, Any]
+    needs_sandbox = False
 
     async def __call__(self, arguments: Mapping[str, Any], context: Any) -> Any:
         raise ConfigError("tools behind the gateway are run by the agent, not by agentrl")
@@ -198,6 +199,7 @@ class Session:
 
     @property
     def current(self) -> _Segment | None:
+        """The segment being recorded (the last one), if any."""
         return self.segments[-1] if self.segments else None
 
     # ------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``replay`` subcommand to ``agentrl``'s subparsers."""
-    p = subparsers.add_parser(
+    p: argparse.ArgumentParser = subparsers.add_parser(
         "replay",
         help="list, show, check, re-execute and reproduce recorded trajectories",
         description=__doc__,
