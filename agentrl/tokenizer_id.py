@@ -53,7 +53,8 @@ def tokenizer_info(tokenizer: Any) -> TokenizerInfo | None:
     key = (len(tokenizer) if hasattr(tokenizer, "__len__") else -1, getattr(tokenizer, "chat_template", None))
     cached = getattr(tokenizer, _CACHE_ATTR, None)
     if isinstance(cached, tuple) and cached[0] == key:
-        return cached[1]
+        hit: TokenizerInfo | None = cached[1]
+        return hit
     get_vocab = getattr(tokenizer, "get_vocab", None)
     if not callable(get_vocab):
         return None

@@ -480,7 +480,7 @@ async def _train_step(s: _Session, step: int) -> bool:
         row.update(update.metrics)
         # Replay's advantages of this step once its checkpoint is rotated away (agentrl.scores).
         c = update.credit
-        save_step_scores(RunDir(s.run_dir), step, usable, c.logprobs_B_T, c.sum_pi_squared_B_T)
+        save_step_scores(s.run, step, usable, c.logprobs_B_T, c.sum_pi_squared_B_T)
     else:
         print(f"step {step}: every episode failed for infrastructure reasons; no update")
     await publish_weights(policy, learner.model, step + 1)
