@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError, PolicyError
-from agentrl.policies.vllm_weights import WeightPush, default_weights_dir, push_weights, served_checksum
+from agentrl.policies.vllm_weights import (
+    UpdateGate,
+    WeightPush,
+    default_weights_dir,
+    push_weights,
+    served_checksum,
+)
 from agentrl.protocols import FinishReason, Generation, Sampling, WeightUpdate
 
 __all__ = ["EXTENSION", "InProcessEngineControl", "VLLMPolicy"]
@@ -100,6 +106,7 @@ class VLLMPolicy:
         self.last_push: WeightPush | None = None
         self._version = int(version)
         self._ids = itertools.count()
+        self._gate = UpdateGate()
 
     @property
     def version(self) -> int:
@@ -121,6 +128,7 @@ class VLLMPolicy:
             skip_special_tokens=False,
             detokenize=False,
         )
+        await self._gate.wait()
         version = self._version
         final = None
         try:
@@ -144,9 +152,10 @@ class VLLMPolicy:
             ConfigError: the update is older than the loaded version.
             PolicyError: the engine failed or loaded other weights; the old version stays.
         """
-        update.check_after(self._version)
-        self.last_push = await push_weights(self.control, update, self.weights_dir)
-        self._version = update.version
+        async with self._gate.updating():
+            update.check_after(self._version)
+            self.last_push = await push_weights(self.control, update, self.weights_dir)
+            self._version = update.version
 
     async def weights_checksum(self) -> str | None:
         """The checksum the workers report for the weights loaded last (None before any update)."""

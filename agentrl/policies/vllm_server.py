@@ -20,7 +20,6 @@ defaults (``--generation-config vllm``).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from typing import Any
 from agentrl.errors import ConfigError, PolicyError
 from agentrl.policies.openai import OpenAIPolicy
 from agentrl.policies.vllm_weights import (
+    UpdateGate,
     WeightPush,
     default_weights_dir,
     push_weights,
@@ -232,10 +232,7 @@ class VLLMServerPolicy:
         )
         self.weights_dir = Path(weights_dir) if weights_dir is not None else default_weights_dir()
         self.last_push: WeightPush | None = None
-        # Set while new weights load: a request started then would be stamped with the old version but run
-        # after the engine resumes, with the new weights.
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._gate = UpdateGate()
 
     @property
     def version(self) -> int:
@@ -278,7 +275,7 @@ class VLLMServerPolicy:
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
         """Sample one turn (see :meth:`OpenAIPolicy.generate`); waits while new weights load."""
-        await self._idle.wait()
+        await self._gate.wait()
         return await self.completions.generate(prompt_ids, sampling)
 
     async def load_weights(self, update: WeightUpdate) -> None:
@@ -292,13 +289,10 @@ class VLLMServerPolicy:
             ConfigError: the update is older than the loaded version.
             PolicyError: the server failed or reported another checksum; this policy keeps its version.
         """
-        update.check_after(self.version)
-        self._idle.clear()
-        try:
+        async with self._gate.updating():
+            update.check_after(self.version)
             self.last_push = await push_weights(self.engine, update, self.weights_dir)
             self.completions.set_version(update.version)
-        finally:
-            self._idle.set()
 
     async def weights_checksum(self) -> str | None:
         """The checksum the server's workers report for the weights they loaded last (None before any

@@ -15,11 +15,13 @@ shared disk" sync of the distributed design.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,7 +30,14 @@ from agentrl.errors import PolicyError
 from agentrl.protocols import WeightUpdate
 from agentrl.weights import weights_checksum
 
-__all__ = ["EngineControl", "WeightPush", "default_weights_dir", "push_weights", "write_safetensors"]
+__all__ = [
+    "EngineControl",
+    "UpdateGate",
+    "WeightPush",
+    "default_weights_dir",
+    "push_weights",
+    "write_safetensors",
+]
 
 LOAD_METHOD = "agentrl_load_weights"
 """The worker extension's method that loads a file (:mod:`agentrl.policies.vllm_worker`)."""
@@ -74,6 +83,34 @@ class WeightPush:
     """Seconds to checksum and write the file on the learner side."""
     load_s: float
     """Seconds from pausing the engine to resuming it (the workers read, checksum and load)."""
+
+
+class UpdateGate:
+    """Keeps generations and weight updates of one policy apart.
+
+    A generation reads the policy's version when it starts; the engine, paused for an update, would hold a
+    request submitted meanwhile and run it after the update, with the new weights, under the old label. So
+    generations wait (:meth:`wait`) while an update runs (:meth:`updating`), and updates run one at a time.
+    """
+
+    def __init__(self) -> None:
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._lock = asyncio.Lock()
+
+    async def wait(self) -> None:
+        """Return when no update is running."""
+        await self._idle.wait()
+
+    @asynccontextmanager
+    async def updating(self) -> AsyncIterator[None]:
+        """Hold new generations back for the duration of the block (one update at a time)."""
+        async with self._lock:
+            self._idle.clear()
+            try:
+                yield
+            finally:
+                self._idle.set()
 
 
 def default_weights_dir() -> Path:

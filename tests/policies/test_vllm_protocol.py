@@ -204,3 +204,27 @@ async def test_an_unreachable_server_is_a_policy_error(tmp_path):
     with pytest.raises(ConfigError, match="stop_token_ids"):
         VLLMServerPolicy("http://127.0.0.1:8000", "m", stop_token_ids=())
     await policy.aclose()
+
+
+async def test_generations_wait_for_a_running_update_and_updates_take_turns():
+    import asyncio
+
+    from agentrl.policies.vllm_weights import UpdateGate
+
+    gate, log = UpdateGate(), []
+
+    async def update(name: str) -> None:
+        async with gate.updating():
+            log.append(f"{name} start")
+            await asyncio.sleep(0.05)
+            log.append(f"{name} end")
+
+    async def generation() -> None:
+        await asyncio.sleep(0.01)  # starts while the first update runs
+        await gate.wait()
+        log.append("generate")
+
+    await asyncio.gather(update("a"), update("b"), generation())
+    assert log[:2] == ["a start", "a end"] and log.index("generate") >= 2
+    assert log.index("b end") == log.index("b start") + 1
+    await gate.wait()  # idle again: returns at once
