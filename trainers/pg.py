@@ -96,9 +96,15 @@ class TrainConfig:
     """Where the model runs; auto picks CUDA when present."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Weights dtype: auto is float32 on CPU and bfloat16 on CUDA."""
-    policy: Literal["auto", "hf", "vllm"] = "auto"
-    """Sampler: hf (transformers, shares the learner's weights) or vllm (in-process engine on the GPU, weights
-    pushed in memory after each step); auto picks vllm on CUDA when it is installed, else hf."""
+    policy: Literal["auto", "hf", "vllm", "vllm-server"] = "auto"
+    """Sampler: hf (transformers, shares the learner's weights), vllm (in-process engine on the GPU) or
+    vllm-server (a running `vllm serve` at --vllm-url, see docs/vllm.md); vLLM gets the learner's weights
+    after each step. auto picks vllm on CUDA when it is installed, else hf."""
+    vllm_url: str | None = None
+    """--policy vllm-server: the server's URL (http://127.0.0.1:8000), started with
+    `python -m agentrl.policies.vllm_server` on the same model."""
+    vllm_model: str = "agentrl"
+    """--policy vllm-server: the model name the server serves (its --served-model-name)."""
     rollout: RolloutConfig = field(
         default_factory=lambda: RolloutConfig(
             max_turns=3, max_new_tokens=96, max_total_tokens=1024, concurrency=16, on_template_mismatch="stop"
@@ -175,6 +181,19 @@ def make_policy(
     kind = cfg.policy
     if kind == "auto":
         kind = "vllm" if device.type == "cuda" and importlib.util.find_spec("vllm") is not None else "hf"
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    if kind == "vllm-server":
+        if not cfg.vllm_url:
+            raise ConfigError("--policy vllm-server needs --vllm-url (e.g. http://127.0.0.1:8000)")
+        from agentrl.policies import VLLMServerPolicy
+
+        return VLLMServerPolicy(
+            cfg.vllm_url,
+            cfg.vllm_model,
+            stop_token_ids=renderer.stop_token_ids,
+            tokenizer=tokenizer,
+            version=version,
+        )
     if kind == "vllm":
         if device.type != "cuda":
             raise ConfigError("--policy vllm needs --device cuda")
@@ -188,7 +207,7 @@ def make_policy(
             stop_token_ids=renderer.stop_token_ids,
             version=version,
             gpu_memory_utilization=0.35,
-            dtype="bfloat16",
+            dtype=dtype,  # the learner's, or the weight checksums cannot agree
         )
         return vllm_policy
     return HFPolicy(
@@ -359,6 +378,12 @@ async def _train(cfg: TrainConfig, run: RunDir) -> Path:
         start = load_checkpoint(ckpt, model=model, optimizer=learner.optimizer).step
         print(f"resumed {run_dir} at step {start} from {ckpt.path.name}")
     policy = make_policy(cfg, model, tokenizer, renderer, device, version=start)
+    if not isinstance(policy, HFPolicy):
+        # A sampler with its own copy of the weights starts from the learner's (a resumed run's too).
+        connect = getattr(policy, "connect", None)
+        if connect is not None:
+            await connect()
+        await publish_weights(policy, model, start)
     store = JsonlStore(run.trajectories_path, mode="append" if cfg.resume is not None else "new")
     metrics = MetricsLogger(run_dir, backends=cfg.loggers, config=config_to_dict(cfg))
     metrics.truncate_from(start)

@@ -2,7 +2,9 @@
 
 * :class:`HFPolicy` — transformers on CPU or GPU, batched across concurrent episodes (the default).
 * :class:`OpenAIPolicy` — any OpenAI-compatible completions server (vLLM ``serve``, SGLang...).
-* :class:`VLLMPolicy` — in-process vLLM (``pip install agentrl[vllm]``; GPU machines; imported lazily).
+* :class:`VLLMPolicy` — vLLM's engine in this process (``pip install agentrl[vllm]``; imported lazily).
+* :class:`VLLMServerPolicy` — a ``vllm serve`` process, token in and token out, with weight updates
+  (docs/vllm.md).
 
 Imported lazily so ``import agentrl.policies`` does not load torch, openai or vllm.
 """
@@ -15,13 +17,15 @@ if TYPE_CHECKING:
     from agentrl.policies.hf import HFPolicy
     from agentrl.policies.openai import OpenAIPolicy
     from agentrl.policies.vllm import VLLMPolicy
+    from agentrl.policies.vllm_server import VLLMServerPolicy
 
-__all__ = ["HFPolicy", "OpenAIPolicy", "VLLMPolicy"]
+__all__ = ["HFPolicy", "OpenAIPolicy", "VLLMPolicy", "VLLMServerPolicy"]
 
 _WHERE = {
     "HFPolicy": "agentrl.policies.hf",
     "OpenAIPolicy": "agentrl.policies.openai",
     "VLLMPolicy": "agentrl.policies.vllm",
+    "VLLMServerPolicy": "agentrl.policies.vllm_server",
 }
 
 

@@ -353,3 +353,13 @@ def test_policy_choice_on_cpu(capsys, tmp_path):
     assert isinstance(policy, HFPolicy) and policy.model is model and policy.version == 3  # shared weights
     with pytest.raises(ConfigError, match="--policy vllm needs --device cuda"):
         make_policy(TrainConfig(model="tiny", policy="vllm"), model, tok, renderer, cpu, version=0)
+    with pytest.raises(ConfigError, match="--policy vllm-server needs --vllm-url"):
+        make_policy(TrainConfig(model="tiny", policy="vllm-server"), model, tok, renderer, cpu, version=0)
+    from agentrl.policies import VLLMServerPolicy
+
+    cfg = TrainConfig(model="tiny", policy="vllm-server", vllm_url="http://127.0.0.1:8000/v1", vllm_model="m")
+    server = make_policy(cfg, model, tok, renderer, cpu, version=3)
+    assert (
+        isinstance(server, VLLMServerPolicy) and server.version == 3 and server.url == "http://127.0.0.1:8000"
+    )
+    assert server.stop_token_ids == tuple(renderer.stop_token_ids)
