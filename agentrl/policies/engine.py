@@ -10,14 +10,14 @@ plain ``while engine.step(): pass`` — calls :meth:`GenerationEngine.step`. One
    longer prefix with one admitted in the same step wait for that one's prefill and reuse it;
 2. decodes one token for every row that was already running, in one forward over rows of different lengths
    (per-row KV slots and an explicit 4D mask);
-3. retires finished rows at once (stop token or ``max_new_tokens``): their KV goes into the prefix tree for the
-   episode's next turn, and the row is free for a waiting request at the next step.
+3. retires finished rows at once (stop token or ``max_new_tokens``): their KV goes into the prefix tree for
+   the episode's next turn, and the row is free for a waiting request at the next step.
 
-Sampling: ``log_softmax(logits / temperature)`` (renormalized over the nucleus when ``top_p < 1``); the token
-is drawn by an exponential race (Gumbel-max) whose noise comes from the request's own ``torch.Generator``
-seeded with ``sampling.seed``, so with a seed a request's tokens do not depend on its batch-mates or on arrival
-order, up to floating-point differences between batch shapes. The recorded log-prob is that of the sampled
-token under the distribution sampled from.
+Sampling: ``log_softmax(logits / temperature)`` (renormalized over the nucleus when ``top_p < 1``); the
+token is drawn by an exponential race (Gumbel-max) whose noise comes from the request's own
+``torch.Generator`` seeded with ``sampling.seed``, so with a seed a request's tokens do not depend on its
+batch-mates or on arrival order, up to floating-point differences between batch shapes. The recorded log-prob
+is that of the sampled token under the distribution sampled from.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from agentrl.protocols import FinishReason, Generation, Sampling
 __all__ = ["DEFAULT_CACHE_BYTES", "EngineRequest", "EngineStats", "GenerationEngine"]
 
 DEFAULT_CACHE_BYTES = 512 * 2**20
-"""Default byte budget of the prefix tree (512 MiB: the whole default rollout's KV for SmolLM2-135M in fp32)."""
+"""Default byte budget of the prefix tree (512 MiB: a default rollout's KV for SmolLM2-135M in fp32)."""
 
 _SHARE_MIN = 16  # a request waits for a batch-mate's prefill only if that saves at least this many tokens
 _FIRST_RESERVE = 512  # positions reserved beyond a prompt at admission; rows grow the buffer on demand
@@ -412,7 +412,9 @@ class GenerationEngine:
 
         bucket: list[tuple[EngineRequest, PrefixMatch]] = []
         for rm in sorted(chosen, key=suffix, reverse=True):
-            if bucket and (len(bucket) + 1) * suffix(bucket[0]) > 1.5 * (sum(map(suffix, bucket)) + suffix(rm)):
+            if bucket and (len(bucket) + 1) * suffix(bucket[0]) > 1.5 * (
+                sum(map(suffix, bucket)) + suffix(rm)
+            ):
                 self._prefill_bucket(bucket)
                 bucket = []
             bucket.append(rm)
@@ -499,7 +501,9 @@ class GenerationEngine:
     # -- sampling and retirement -------------------------------------------------------------------
     def _sample(self, rows: list[_Row], logits_B_V: torch.Tensor) -> None:
         dev = logits_B_V.device
-        temps_B = torch.tensor([row.req.sampling.temperature for row in rows], dtype=torch.float32, device=dev)
+        temps_B = torch.tensor(
+            [row.req.sampling.temperature for row in rows], dtype=torch.float32, device=dev
+        )
         logp_B_V = torch.log_softmax(logits_B_V.float() / temps_B[:, None], dim=-1)
         for b, row in enumerate(rows):
             if row.req.sampling.top_p < 1.0:
@@ -507,11 +511,12 @@ class GenerationEngine:
         # Exponential race (Gumbel-max): argmax(logp - log E) with E ~ Exp(1) from the request's own stream
         # samples exactly from softmax(logp), and unlike an inverse CDF a tiny change of the logits (another
         # batch shape) flips the choice only if the two best scores are within that change.
-        noise_B_V = torch.empty_like(logp_B_V)
+        u_B_V = torch.empty_like(logp_B_V)
         for b, row in enumerate(rows):
-            noise_B_V[b].exponential_(generator=row.req.rng)
-        noise_B_V.clamp_(min=torch.finfo(noise_B_V.dtype).tiny)
-        tok_B_1 = (logp_B_V - noise_B_V.log_()).argmax(dim=-1, keepdim=True)
+            u_B_V[b].uniform_(generator=row.req.rng)  # ~4x cheaper than exponential_ on CPU
+        tiny = torch.finfo(u_B_V.dtype).tiny
+        exp_B_V = u_B_V.clamp_(min=tiny).log_().neg_().clamp_(min=tiny)  # E = -log U ~ Exp(1)
+        tok_B_1 = (logp_B_V - exp_B_V.log_()).argmax(dim=-1, keepdim=True)
         lp_B = logp_B_V.gather(1, tok_B_1).view(-1).tolist()
         for row, tok, lp in zip(rows, tok_B_1.view(-1).tolist(), lp_B, strict=True):
             req = row.req

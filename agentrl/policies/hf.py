@@ -132,7 +132,7 @@ class HFPolicy:
         return self.engine.stats()
 
     def clear_cache(self) -> None:
-        """Give the KV cache's memory back (e.g. before a learner step); later turns recompute what they need."""
+        """Give the KV cache's memory back (e.g. before a learner step); later turns recompute it."""
         self.engine.clear_cache()
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:

@@ -1,10 +1,11 @@
-"""KV storage for :class:`~agentrl.policies.engine.GenerationEngine`: per-row slots the model writes into, and a
-prefix tree of reusable KV with a byte budget.
+"""KV storage for :class:`~agentrl.policies.engine.GenerationEngine`: per-row slots the model writes into,
+and a prefix tree of reusable KV with a byte budget.
 
-``SlotCache`` is a transformers :class:`~transformers.Cache` whose layers write each row's new keys/values at that
-row's own positions in one preallocated buffer, so rows of different lengths decode together (with an explicit
-4D attention mask) without re-padding every step. transformers' own layers cannot do this: ``DynamicLayer``
-appends at one shared length and ``StaticLayer`` keeps one ``cumulative_length`` for the whole batch.
+``SlotCache`` is a transformers :class:`~transformers.Cache` whose layers write each row's new keys/values at
+that row's own positions in one preallocated buffer, so rows of different lengths decode together (with an
+explicit 4D attention mask) without re-padding every step. transformers' own layers cannot do this:
+``DynamicLayer`` appends at one shared length and ``StaticLayer`` keeps one ``cumulative_length`` for the
+whole batch.
 
 ``PrefixTree`` is a radix tree over token ids; each node holds the KV of its edge's tokens, so a prompt prefix
 shared by the episodes of a group is stored once, and an episode's next turn finds its conversation so far by
@@ -48,7 +49,7 @@ class KVSpec:
 
     @classmethod
     def from_model(cls, model: Any, device: torch.device) -> KVSpec:
-        """Read the KV geometry from a causal LM's config; refuse models whose attention the engine cannot run."""
+        """The KV geometry from a causal LM's config; refuses models whose attention the engine cannot run."""
         cfg = model.config
         layer_types = getattr(cfg, "layer_types", None)
         if layer_types and any(t != "full_attention" for t in layer_types):
@@ -156,7 +157,7 @@ class SlotCache(Cache):
             self.zeroed = stop
 
     def read(self, row: int, start: int, stop: int) -> torch.Tensor:
-        """A copy of row ``row``'s KV for positions ``[start, stop)``: ``[layers, 2, kv_heads, n, head_dim]``."""
+        """A copy of row ``row``'s KV at positions ``[start, stop)`` (``[layers, 2, heads, n, head_dim]``)."""
         assert self.buf is not None
         return self.buf[:, :, row, :, start:stop].clone()
 

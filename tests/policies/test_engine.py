@@ -1,5 +1,6 @@
-"""GenerationEngine with a tiny random model and the real SmolLM2 tokenizer: continuous batching, KV reuse across
-turns and group members, the cache budget, invalidation on weight updates, per-request random streams."""
+"""GenerationEngine with a tiny random model and the real SmolLM2 tokenizer: continuous batching, KV reuse
+across turns and group members, the cache budget, invalidation on weight updates, per-request random
+streams."""
 
 from __future__ import annotations
 
