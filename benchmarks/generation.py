@@ -383,8 +383,8 @@ def write_doc(
         f"Engine counters (timed run): {e['sampled_tokens']} tokens sampled in {e['decode_steps']} decode "
         f"steps (mean running batch {e['decode_rows'] / max(e['decode_steps'], 1):.1f}); "
         f"{e['prefill_tokens']} prompt tokens prefilled, {e['reused_tokens']} taken from the prefix cache "
-        f"instead ({e['reused_tokens'] / max(e['reused_tokens'] + e['prefill_tokens'], 1):.0%}); prefix cache at the "
-        f"end {e['cache_bytes_end'] / 2**20:.0f} MiB.",
+        f"instead ({e['reused_tokens'] / max(e['reused_tokens'] + e['prefill_tokens'], 1):.0%}); "
+        f"prefix cache at the end {e['cache_bytes_end'] / 2**20:.0f} MiB.",
     ]
     if "repro" in res["engine"]:
         rp = res["engine"]["repro"]
