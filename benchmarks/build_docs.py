@@ -10,6 +10,12 @@ SECTIONS = [
     ("rollout", "`benchmarks/rollout.py`", "framework overhead per turn (target ≤ 1 ms, ≥ 1,000 turns/s)"),
     ("sandbox", "`benchmarks/sandbox.py`", "stateful vs fresh process, one-shot throughput, 64 sessions"),
     ("credit", "`benchmarks/credit.py`", "OTB vectorised vs loop; chunked log-prob + Σπ² memory and speed"),
+    (
+        "generation",
+        "`benchmarks/generation.py`",
+        "generation engine vs static batches vs `model.generate` (the floor), vLLM CPU; reproducibility",
+    ),
+    ("memory", "`benchmarks/memory_profile.py`", "the default train step's resident memory, per phase"),
 ]
 
 

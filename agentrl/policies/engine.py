@@ -182,6 +182,7 @@ class GenerationEngine:
         self._waiting: collections.deque[EngineRequest] = collections.deque()
         self._admitting: list[EngineRequest] = []  # taken off the queue in this step (failed with it)
         self._qlock = threading.Lock()
+        self._wakeup = threading.Event()  # set by submit, for serve()
         self._version = int(version)
         self._tree_version = self._version
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=4096)
@@ -230,6 +231,7 @@ class GenerationEngine:
         with self._qlock:
             self._waiting.append(req)
             self._n["requests"] += 1
+        self._wakeup.set()
         return req
 
     def cancel(self, req: EngineRequest) -> None:
@@ -271,10 +273,18 @@ class GenerationEngine:
         """Step until no request is running or waiting (then free the rows' buffer if so configured)."""
         while self.step():
             pass
-        if self.release_when_idle:
-            with self.lock:
-                if not self._rows:
-                    self._slots.release()
+        self._purge()
+
+    def serve(self, stop: threading.Event, poll_s: float = 0.05) -> None:
+        """Drive the engine from a dedicated thread (e.g. an inference server's) until ``stop`` is set,
+        sleeping while there is no work (a :meth:`submit` wakes it)."""
+        while not stop.is_set():
+            self._wakeup.clear()
+            if self.has_work():
+                self.step()
+                continue
+            self._purge()
+            self._wakeup.wait(poll_s)
 
     def generate_sync(
         self,

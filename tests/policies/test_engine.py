@@ -220,3 +220,29 @@ def test_prefill_token_budget_spreads_admission_over_steps(tok):
     prompts = [[k * 100 + i for i in range(50)] for k in range(1, 4)]
     eng.generate_sync(prompts, [Sampling(max_new_tokens=5, seed=k) for k in range(3)])
     assert list(eng.batch_sizes)[:3] == [1, 2, 3]  # one 50-token prompt per step
+
+
+def test_serve_drives_the_engine_from_its_own_thread(tok):
+    """The sync core under a dedicated thread (how an inference server runs it): submit from anywhere."""
+    import threading
+
+    model = tiny_model(tok, seed=11)
+    eng = _engine(model)
+    stop = threading.Event()
+    worker = threading.Thread(target=eng.serve, args=(stop,), daemon=True)
+    worker.start()
+    got: list = []
+    done = threading.Event()
+
+    def on_done(out):
+        got.append(out)
+        if len(got) == 3:
+            done.set()
+
+    for k in range(3):
+        eng.submit([5 + k, 6, 7], Sampling(max_new_tokens=4, seed=k), on_done)
+    assert done.wait(30)
+    stop.set()
+    worker.join(5)
+    assert not worker.is_alive()
+    assert sorted(len(g.token_ids) for g in got) == [4, 4, 4] and eng.stats().slot_bytes == 0
