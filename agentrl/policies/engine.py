@@ -445,7 +445,7 @@ class GenerationEngine:
         ids_B_Q = torch.full((len(bucket), Q), self.pad_token_id, dtype=torch.long)
         for b, (r, m) in enumerate(bucket):
             row = _Row(r)
-            r.version = self._version
+            r.version = self._tree_version
             slot = start + b
             for pos, kv in m.segments:
                 self._slots.write(slot, pos, kv)
@@ -545,7 +545,8 @@ class GenerationEngine:
             if row.req.finish is None:
                 continue
             req = row.req
-            if self._tree.budget_bytes and not req.cancelled:
+            # Rows that ran across a weight update hold KV of both versions: not reusable.
+            if self._tree.budget_bytes and not req.cancelled and req.version == self._tree_version:
                 # The conversation so far, minus the last sampled token (never fed, so it has no KV yet).
                 seq = (*req.prompt_ids, *req.token_ids)[: row.length]
                 self._tree.insert(seq, _row_reader(self._slots, i))

@@ -34,8 +34,10 @@ class HFPolicy:
     and tools while the model samples.
 
     Sharing weights with a learner (same process, e.g. on CPU): pass the learner's model object, update it
-    inside ``with policy.lock:`` (held during every engine step), then call :meth:`set_version` with the
-    learner step: new turns record it, and no KV computed with the old weights is reused.
+    inside ``with policy.lock:`` (held during every engine step) and call :meth:`set_version` with the
+    learner step before releasing the lock: turns started from then on record it, and no KV computed with
+    the old weights is reused. A turn running across an update finishes with the new weights (its recorded
+    log-probs are still exactly those it was sampled from) and records the version it started with.
 
     Args:
         model: A full-attention causal LM (``sdpa`` or ``eager`` attention; Llama, Qwen2, SmolLM2, ...).

@@ -246,3 +246,24 @@ def test_serve_drives_the_engine_from_its_own_thread(tok):
     worker.join(5)
     assert not worker.is_alive()
     assert sorted(len(g.token_ids) for g in got) == [4, 4, 4] and eng.stats().slot_bytes == 0
+
+
+def test_a_turn_running_across_an_update_is_not_cached(tok):
+    model = tiny_model(tok, seed=12)
+    eng = _engine(model)
+    prompt = list(range(100, 140))
+    req = eng.submit(prompt, Sampling(max_new_tokens=10, seed=0))
+    for _ in range(4):
+        eng.step()
+    with eng.lock, torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.01)
+        eng.set_version(1)
+    eng.run()
+    g = req.result()
+    assert g.policy_version == 0 and len(g.token_ids) == 10
+    before = eng.stats().reused_tokens
+    nxt = [*prompt, *g.token_ids, 5]
+    g2 = eng.generate_sync([nxt], [Sampling(max_new_tokens=3, seed=1)])[0]
+    assert eng.stats().reused_tokens == before and g2.policy_version == 1
+    assert _max_err(model, nxt, g2) < 1e-4
