@@ -267,3 +267,33 @@ def test_a_turn_running_across_an_update_is_not_cached(tok):
     g2 = eng.generate_sync([nxt], [Sampling(max_new_tokens=3, seed=1)])[0]
     assert eng.stats().reused_tokens == before and g2.policy_version == 1
     assert _max_err(model, nxt, g2) < 1e-4
+
+
+def test_prefix_tree_splits_matches_and_evicts_lru_leaves():
+    from agentrl.policies.kvcache import PrefixTree
+
+    def kv_of(seq):  # a fake [layers, 2, heads, n, dim] KV whose values are the token ids
+        def read(start, stop):
+            return torch.tensor(seq[start:stop], dtype=torch.float32).view(1, 1, 1, -1, 1).expand(1, 2, 1, -1, 1)
+
+        return read
+
+    tree = PrefixTree(budget_bytes=10**9)
+    a, b = [1, 2, 3, 4, 5, 6], [1, 2, 3, 9, 9]
+    tree.insert(a, kv_of(a))
+    tree.insert(b, kv_of(b))  # splits a's edge after [1, 2, 3]
+    assert len(tree) == 3 and tree.nbytes == (3 + 3 + 2) * 2 * 4
+    m = tree.match([1, 2, 3, 9, 9, 7], limit=5)
+    assert m.length == 5
+    got = torch.cat([kv[0, 0, 0, :, 0] for _, kv in m.segments])
+    assert got.tolist() == [1, 2, 3, 9, 9] and [p for p, _ in m.segments] == [0, 3]
+    assert tree.match([1, 2, 3, 4, 5, 6], limit=4).length == 4  # stops inside an edge
+    assert tree.match([7], limit=1).length == 0
+    # Over budget: the least recently used leaf goes first (b's was just used; a's leaf goes).
+    tree.budget_bytes = (3 + 2) * 2 * 4
+    tree.match(b, limit=5)
+    tree.evict()
+    assert tree.match(a, limit=6).length == 3 and tree.match(b, limit=5).length == 5
+    assert tree.evictions == 1
+    tree.clear()
+    assert len(tree) == 0 and tree.nbytes == 0
