@@ -274,7 +274,8 @@ def test_prefix_tree_splits_matches_and_evicts_lru_leaves():
 
     def kv_of(seq):  # a fake [layers, 2, heads, n, dim] KV whose values are the token ids
         def read(start, stop):
-            return torch.tensor(seq[start:stop], dtype=torch.float32).view(1, 1, 1, -1, 1).expand(1, 2, 1, -1, 1)
+            t = torch.tensor(seq[start:stop], dtype=torch.float32)
+            return t.view(1, 1, 1, -1, 1).expand(1, 2, 1, -1, 1)
 
         return read
 
