@@ -167,11 +167,12 @@ def child_engine(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     return out
 
 
-def child_static(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+def static_policy_class(ref: str) -> Any:
+    """``HFPolicy`` as of git ``ref`` (the static-batch version), imported from the repository's history."""
     import importlib.util
 
     src = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{args.baseline_ref}:agentrl/policies/hf.py"],
+        ["git", "-C", str(ROOT), "show", f"{ref}:agentrl/policies/hf.py"],
         capture_output=True,
         text=True,
         check=True,
@@ -181,10 +182,15 @@ def child_static(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     mspec = importlib.util.spec_from_file_location("hf_static", path)
     assert mspec is not None and mspec.loader is not None
     mod = importlib.util.module_from_spec(mspec)
+    sys.modules["hf_static"] = mod  # dataclasses look their module up
     mspec.loader.exec_module(mod)
+    return mod.HFPolicy
+
+
+def child_static(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     model = _load(spec)
     rss_loaded = _rss()[0]
-    policy = mod.HFPolicy(model, stop_token_ids=STOP_IDS, max_batch_size=16, seed=0)
+    policy = static_policy_class(args.baseline_ref)(model, stop_token_ids=STOP_IDS, max_batch_size=16, seed=0)
     gen = _hf_generate(policy)
     asyncio.run(run_workload(gen, spec, only=[0]))
     res = asyncio.run(run_workload(gen, spec))

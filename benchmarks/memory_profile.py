@@ -81,7 +81,8 @@ class Probe:
     """Phase stack + RSS sampler."""
 
     def __init__(self) -> None:
-        self.stack: list[str] = ["start-up"]
+        self.stack: list[str] = []
+        self.persistent: dict[str, float] = {}
         self.events: list[dict[str, Any]] = []
         self.peaks: dict[str, float] = {}
         self.lock = threading.Lock()
@@ -100,6 +101,7 @@ class Probe:
     def note(self) -> None:
         r = _rss()
         with self.lock:
+            self.peaks["whole run"] = max(self.peaks.get("whole run", 0.0), r)
             for depth in range(1, len(self.stack) + 1):
                 key = " / ".join(self.stack[:depth])
                 self.peaks[key] = max(self.peaks.get(key, 0.0), r)
@@ -168,22 +170,16 @@ def _install(static_ref: str | None) -> None:
     import agentrl.trainers.pg as pg
 
     if static_ref is not None:  # the old static-batch policy, to separate the generation path's share
-        src = subprocess.run(
-            ["git", "-C", str(ROOT), "show", f"{static_ref}:agentrl/policies/hf.py"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        ns: dict[str, Any] = {"__name__": "hf_static"}
-        exec(compile(src, "hf_static.py", "exec"), ns)
-        pg.HFPolicy = ns["HFPolicy"]
-        hf_mod.HFPolicy = ns["HFPolicy"]
+        from generation import static_policy_class  # benchmarks/generation.py
+
+        pg.HFPolicy = hf_mod.HFPolicy = static_policy_class(static_ref)
     _wrap(pg, "resolve_model", "model load")
     _wrap(pg, "policy_update", "learn")
     _wrap(pg, "save_checkpoint", "checkpoint")
     _wrap(learner_mod.Learner, "score", "score (no grad)")
     _wrap(learner_mod.Learner, "step", "policy step")
     _wrap(learner_mod.Learner, "_clip_grad", "grad clip")
+    _wrap(learner_mod, "forward_logprobs", "forward")
     _wrap(torch.optim.AdamW, "step", "optimizer step")
     _wrap(torch.Tensor, "backward", "backward")
 
@@ -194,7 +190,7 @@ def _install(static_ref: str | None) -> None:
     @functools.wraps(gen)
     async def generate(self: Any, *a: Any, **k: Any) -> Any:
         assert PROBE is not None
-        if PROBE.stack[-1] != "rollout":
+        if not PROBE.stack or PROBE.stack[-1] != "rollout":
             PROBE.enter("rollout")
         return await gen(self, *a, **k)
 
@@ -202,39 +198,42 @@ def _install(static_ref: str | None) -> None:
     update = pg.policy_update
 
     @functools.wraps(update)
-    def policy_update(*a: Any, **k: Any) -> Any:
+    def policy_update(learner: Any, *a: Any, **k: Any) -> Any:
         assert PROBE is not None
-        if PROBE.stack[-1] == "rollout":
+        if PROBE.stack and PROBE.stack[-1] == "rollout":
             PROBE.leave()
-        return update(*a, **k)
+        out = update(learner, *a, **k)
+        PROBE.persistent = _persistent(learner)
+        return out
 
     pg.policy_update = policy_update
 
 
-def _persistent(model_like: Any = None) -> dict[str, float]:
-    """Bytes of parameters, gradients and optimizer state held by live objects."""
+def _persistent(learner: Any) -> dict[str, float]:
+    """GiB of parameters, gradients and optimizer state the learner holds after its update, and how many
+    distinct model objects with their own weights are alive (policy, learner, reference)."""
     import gc
 
     import torch
 
-    seen: set[int] = set()
-    out = {"params": 0.0, "grads": 0.0, "optimizer state": 0.0, "models": 0.0}
-    for obj in gc.get_objects():
-        if isinstance(obj, torch.nn.Module) and hasattr(obj, "lm_head"):
-            out["models"] += 1
-            for p in obj.parameters():
-                key = p.untyped_storage().data_ptr()
-                if key not in seen:
-                    seen.add(key)
-                    out["params"] += p.numel() * p.element_size() / GIB
-                if p.grad is not None:
-                    out["grads"] += p.grad.numel() * p.grad.element_size() / GIB
-        elif isinstance(obj, torch.optim.Optimizer):
-            for st in obj.state.values():
-                for v in st.values():
-                    if isinstance(v, torch.Tensor):
-                        out["optimizer state"] += v.numel() * v.element_size() / GIB
-    return out
+    def nbytes(ts: Any) -> float:
+        return sum(t.numel() * t.element_size() for t in ts) / GIB
+
+    params = list(learner.model.parameters())
+    state = [v for st in learner.optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    storages = {
+        p.untyped_storage().data_ptr()
+        for m in gc.get_objects()
+        if isinstance(m, torch.nn.Module) and hasattr(m, "lm_head")
+        for p in m.parameters()
+    }
+    own = {p.untyped_storage().data_ptr() for p in params}
+    return {
+        "params": nbytes(params),
+        "grads": nbytes(p.grad for p in params if p.grad is not None),
+        "optimizer state": nbytes(state),
+        "other model weights": float(len(storages - own)),
+    }
 
 
 def child(args: argparse.Namespace) -> None:
@@ -244,7 +243,8 @@ def child(args: argparse.Namespace) -> None:
     assert PROBE is not None
     code = 0
     try:
-        code = cli(["train", "--steps", str(args.steps), "--no-progress", "--out", str(args.run_dir)])
+        argv = ["train", "--steps", str(args.steps), "--no-progress", "--out", str(args.run_dir)]
+        code = cli([*argv, *args.train_args.split()])
     finally:
         PROBE.mark("end", "end")
         with open("/proc/self/status") as fh:
@@ -254,7 +254,7 @@ def child(args: argparse.Namespace) -> None:
             "peaks": PROBE.peaks,
             "events": PROBE.events,
             "vmhwm": hwm,
-            "persistent": _persistent(),
+            "persistent": PROBE.persistent,
         }
         Path(args.result).write_text(json.dumps(result))
 
@@ -279,6 +279,7 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
             str(result),
             "--baseline-ref",
             args.baseline_ref,
+            f"--train-args={args.train_args}",
         ]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -298,7 +299,14 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(variant: str, r: dict[str, Any]) -> list[str]:
-    ev = {(e["what"], e["phase"]): e for e in r["events"]}
+    ev: dict[tuple[str, str], dict[str, Any]] = {}
+    calls: dict[str, int] = {}
+    for e in r["events"]:  # first entry and last exit of each phase
+        if e["what"] == "enter":
+            ev.setdefault(("enter", e["phase"]), e)
+            calls[e["phase"]] = calls.get(e["phase"], 0) + 1
+        else:
+            ev[(e["what"], e["phase"])] = e
     lines = [
         f"### `{variant}`",
         "",
@@ -325,12 +333,15 @@ def table(variant: str, r: dict[str, Any]) -> list[str]:
             f"{leave['heap_used']:.2f} / {leave['heap_free']:.2f}" if leave and "heap_used" in leave else "–"
         )
         mm = f"{leave['mmapped']:.2f}" if leave and "mmapped" in leave else "–"
-        lines.append(f"| {phase} | {ent} | {r['peaks'][phase]:.2f} | {ext} | {heap} | {mm} |")
+        n = f" (x{calls[phase]})" if calls.get(phase, 1) > 1 else ""
+        lines.append(f"| {phase}{n} | {ent} | {r['peaks'][phase]:.2f} | {ext} | {heap} | {mm} |")
     p = r["persistent"]
     lines += [
         "",
-        f"Live at the end: {p['models']:.0f} model object(s) with {p['params']:.2f} GiB of parameters, "
-        f"{p['grads']:.2f} GiB of gradients, {p['optimizer state']:.2f} GiB of AdamW state. All GiB.",
+        f"Held after the update: parameters {p['params']:.2f} GiB (one model object, shared by the policy "
+        f"and the learner; {p['other model weights']:.0f} parameter tensors of other models alive), gradients "
+        f"{p['grads']:.2f} GiB (freed by `zero_grad(set_to_none=True)`), AdamW state "
+        f"{p['optimizer state']:.2f} GiB. All numbers GiB.",
         "",
     ]
     return lines
@@ -344,6 +355,7 @@ def main() -> None:
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--variants", default="default,static,mmap,arena2")
     ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--train-args", default="", help="more `agentrl train` arguments (e.g. '--model tiny')")
     ap.add_argument("--baseline-ref", default="4be4b32", help="git ref of the static-batch HFPolicy")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "memory.md")
     args = ap.parse_args()
