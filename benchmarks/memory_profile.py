@@ -339,8 +339,8 @@ def table(variant: str, r: dict[str, Any]) -> list[str]:
     lines += [
         "",
         f"Held after the update: parameters {p['params']:.2f} GiB (one model object, shared by the policy "
-        f"and the learner; {p['other model weights']:.0f} parameter tensors of other models alive), gradients "
-        f"{p['grads']:.2f} GiB (freed by `zero_grad(set_to_none=True)`), AdamW state "
+        f"and the learner; {p['other model weights']:.0f} parameter tensors of other models alive), "
+        f"gradients {p['grads']:.2f} GiB (freed by `zero_grad(set_to_none=True)`), AdamW state "
         f"{p['optimizer state']:.2f} GiB. All numbers GiB.",
         "",
     ]
