@@ -1,6 +1,7 @@
 """Policy backends behind :class:`agentrl.protocols.Policy` (token ids in, token ids + log-probs out).
 
-* :class:`HFPolicy` — transformers on CPU or GPU, batched across concurrent episodes (the default).
+* :class:`HFPolicy` — transformers on CPU or GPU (the default), served by :class:`GenerationEngine`:
+  continuous batching across concurrent episodes, KV reuse across turns and the members of a group.
 * :class:`OpenAIPolicy` — any OpenAI-compatible completions server (vLLM ``serve``, SGLang...).
 * :class:`VLLMPolicy` — in-process vLLM (``pip install agentrl[vllm]``; GPU machines; imported lazily).
 
@@ -12,13 +13,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from agentrl.policies.engine import GenerationEngine
     from agentrl.policies.hf import HFPolicy
     from agentrl.policies.openai import OpenAIPolicy
     from agentrl.policies.vllm import VLLMPolicy
 
-__all__ = ["HFPolicy", "OpenAIPolicy", "VLLMPolicy"]
+__all__ = ["GenerationEngine", "HFPolicy", "OpenAIPolicy", "VLLMPolicy"]
 
 _WHERE = {
+    "GenerationEngine": "agentrl.policies.engine",
     "HFPolicy": "agentrl.policies.hf",
     "OpenAIPolicy": "agentrl.policies.openai",
     "VLLMPolicy": "agentrl.policies.vllm",
