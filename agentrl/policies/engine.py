@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,10 @@ class EngineStats:
     """Prefix-tree nodes evicted to stay within budget."""
     slot_bytes: int
     """Bytes reserved by the running rows' KV buffer now."""
+    step_s: float
+    """Seconds spent in steps (forwards, sampling, cache bookkeeping; lock waits excluded)."""
+    forward_s: float
+    """Seconds of those spent in model forwards."""
 
 
 class EngineRequest:
@@ -187,6 +192,7 @@ class GenerationEngine:
         self._tree_version = self._version
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=4096)
         """Requests that sampled a token in each recent step (admitted in it, or decoded)."""
+        self._time = {"step": 0.0, "forward": 0.0}
         self._n = dict.fromkeys(
             ("requests", "decode_steps", "decode_rows", "sampled", "prefills", "prefill_tokens", "reused"), 0
         )
@@ -259,6 +265,8 @@ class GenerationEngine:
             cache_bytes=self._tree.nbytes,
             cache_evictions=self._tree.evictions,
             slot_bytes=self._slots.nbytes,
+            step_s=self._time["step"],
+            forward_s=self._time["forward"],
         )
 
     def clear_cache(self) -> None:
@@ -325,6 +333,7 @@ class GenerationEngine:
         """
         finished: list[tuple[EngineRequest, Generation | BaseException]] = []
         with self.lock, torch.inference_mode():
+            t0 = time.perf_counter()
             try:
                 self._refresh_version()
                 self._drop_cancelled()
@@ -343,6 +352,7 @@ class GenerationEngine:
                 self._slots.release()
                 self._tree.clear()
             self._admitting = []
+            self._time["step"] += time.perf_counter() - t0
         for req, out in finished:
             req.done = True
             if isinstance(out, PolicyError):
@@ -498,6 +508,7 @@ class GenerationEngine:
         kwargs: dict[str, Any] = {}
         if logits_to_keep is not None:
             kwargs["logits_to_keep"] = logits_to_keep
+        t0 = time.perf_counter()
         out = self.model(
             input_ids=ids_B_Q,
             attention_mask=mask,
@@ -506,6 +517,7 @@ class GenerationEngine:
             use_cache=True,
             **kwargs,
         )
+        self._time["forward"] += time.perf_counter() - t0
         return out.logits[:, -1, :]
 
     # -- sampling and retirement -------------------------------------------------------------------
