@@ -116,7 +116,7 @@ class SlotCache(Cache):
         self.slots = slots
         self.buf: torch.Tensor | None = None
         self.capacity = 0
-        self.zeroed = 0  # positions [0, zeroed) of every row hold finite values (written or zero)
+        self.zeroed = [0] * slots  # positions [0, zeroed[r]) of row r hold finite values (written or zero)
         self.kv_len = 0
         self._start = 0
         self._stop = 0
@@ -139,22 +139,27 @@ class SlotCache(Cache):
         new = torch.empty(
             (s.layers, 2, self.slots, s.kv_heads, cap, s.head_dim), dtype=s.dtype, device=s.device
         )
-        if self.buf is not None and self.zeroed:
-            new[..., : self.zeroed, :].copy_(self.buf[..., : self.zeroed, :])
+        if self.buf is not None:
+            for r, z in enumerate(self.zeroed):
+                if z:
+                    new[:, :, r, :, :z].copy_(self.buf[:, :, r, :, :z])
         self.buf, self.capacity = new, cap
 
     def release(self) -> None:
         """Free the buffer (the next :meth:`reserve` allocates a fresh one)."""
-        self.buf, self.capacity, self.zeroed, self._index = None, 0, 0, None
+        self.buf, self.capacity, self._index = None, 0, None
+        self.zeroed = [0] * self.slots
 
-    def _touch(self, stop: int) -> None:
+    def _touch(self, row: int, stop: int) -> None:
         # Masked positions still enter attention as 0 x value, so they must never hold NaN/inf from
-        # uninitialized memory. Zeroing lazily (ahead of every write) keeps untouched pages uncommitted.
-        if stop > self.zeroed:
+        # uninitialized memory. Zeroing lazily, row by row, ahead of every write and read keeps the pages
+        # of unused rows and positions untouched (uncommitted on CPU).
+        z = self.zeroed[row]
+        if stop > z:
             assert self.buf is not None
-            stop = min(self.capacity, max(stop, self.zeroed + 64))
-            self.buf[..., self.zeroed : stop, :].zero_()
-            self.zeroed = stop
+            stop = min(self.capacity, max(stop, z + 64))
+            self.buf[:, :, row, :, z:stop].zero_()
+            self.zeroed[row] = stop
 
     def read(self, row: int, start: int, stop: int) -> torch.Tensor:
         """A copy of row ``row``'s KV at positions ``[start, stop)`` (``[layers, 2, heads, n, head_dim]``)."""
@@ -164,7 +169,7 @@ class SlotCache(Cache):
     def write(self, row: int, start: int, kv: torch.Tensor) -> None:
         """Put ``kv`` (as returned by :meth:`read`) at positions ``[start, start + n)`` of row ``row``."""
         assert self.buf is not None
-        self._touch(start + kv.shape[3])
+        self._touch(row, start + kv.shape[3])
         self.buf[:, :, row, :, start : start + kv.shape[3]].copy_(kv)
 
     def move_row(self, src: int, dst: int, length: int) -> None:
@@ -172,6 +177,7 @@ class SlotCache(Cache):
         assert self.buf is not None
         if src != dst and length > 0:
             self.buf[:, :, dst, :, :length].copy_(self.buf[:, :, src, :, :length])
+            self.zeroed[dst] = max(self.zeroed[dst], length)
 
     # -- the forward's window ------------------------------------------------------------------
     def set_window(self, start: int, positions_B_Q: torch.Tensor, kv_len: int) -> None:
@@ -181,7 +187,9 @@ class SlotCache(Cache):
             raise PolicyError("internal error: the KV window exceeds the reserved capacity")
         B, Q = positions_B_Q.shape
         s = self.spec
-        self._touch(max(kv_len, int(positions_B_Q.max()) + 1))
+        stop = max(kv_len, int(positions_B_Q.max()) + 1)
+        for row in range(start, start + B):
+            self._touch(row, stop)
         self._start, self._stop, self.kv_len = start, start + B, kv_len
         self._index = positions_B_Q.view(B, 1, Q, 1).expand(B, s.kv_heads, Q, s.head_dim)
 
