@@ -16,6 +16,7 @@ SECTIONS = [
         "generation engine vs static batches vs `model.generate` (the floor), vLLM CPU; reproducibility",
     ),
     ("memory", "`benchmarks/memory_profile.py`", "the default train step's resident memory, per phase"),
+    ("gateway", "`benchmarks/gateway.py`", "recording gateway vs the bare policy call (target ≤ 2 ms p50)"),
 ]
 
 

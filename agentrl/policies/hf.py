@@ -10,7 +10,7 @@ from typing import Any
 from agentrl.errors import ConfigError
 from agentrl.policies.engine import DEFAULT_CACHE_BYTES, EngineStats, GenerationEngine
 from agentrl.policies.engine import nucleus as _nucleus
-from agentrl.protocols import Generation, Sampling
+from agentrl.protocols import Generation, Sampling, WeightUpdate
 
 __all__ = ["HFPolicy"]
 _ = _nucleus  # re-exported for callers that imported it from here
@@ -136,6 +136,37 @@ class HFPolicy:
     def clear_cache(self) -> None:
         """Give the KV cache's memory back (e.g. before a learner step); later turns recompute it."""
         self.engine.clear_cache()
+
+    async def load_weights(self, update: WeightUpdate) -> None:
+        """Take new weights (:class:`~agentrl.protocols.WeightSink`).
+
+        Tensors that already are this model's own (a learner sharing the model object) cost nothing; others
+        are copied in under :attr:`lock`, so an engine step never sees half-updated weights. The engine takes
+        the new version under the same lock: turns admitted afterwards record it, and no KV computed with the
+        old weights is reused (a turn running across the update finishes with the new weights, records the
+        version it started with, and its KV is not cached)."""
+        update.check_after(self.version)
+        own = self.model.state_dict(keep_vars=True)
+        unknown = sorted(set(update.named_tensors) - set(own))
+        if unknown:
+            raise ConfigError(f"the update names tensors this model does not have: {unknown[:5]}")
+        copies = []
+        for name, src in update.named_tensors.items():
+            dst = own[name]
+            if tuple(src.shape) != tuple(dst.shape):
+                raise ConfigError(f"{name}: the update's shape {tuple(src.shape)} is not {tuple(dst.shape)}")
+            if src.data_ptr() != dst.data_ptr():
+                copies.append((dst, src))
+
+        def take() -> None:
+            import torch
+
+            with self.lock, torch.no_grad():
+                for dst, src in copies:
+                    dst.copy_(src)
+                self.engine.set_version(update.version)
+
+        await asyncio.to_thread(take)
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
         """Sample one turn; decoded together with every other call in flight."""
