@@ -57,6 +57,7 @@ __all__ = [
     "episode_metrics",
     "model_spec",
     "prepare_run",
+    "rollout_config",
     "task_seeds",
     "train",
 ]
@@ -149,6 +150,16 @@ def task_seeds(seed: int, step: int, groups_per_step: int) -> list[int]:
     """The task seeds of a step: a pure function of (seed, step), so resumed runs see the same data."""
     base = seed * 1_000_003 + step * groups_per_step
     return [base + j for j in range(groups_per_step)]
+
+
+def rollout_config(cfg: TrainConfig, step: int) -> RolloutConfig:
+    """The rollout settings of ``step``. Unless ``--rollout.seed`` is set, the sampling seed is derived from
+    (``--seed``, step); :meth:`RolloutConfig.turn_sampling` mixes in the task seed (itself a function of seed,
+    step and task index), the episode's index in its group and the turn, so every episode draws from its own
+    stream and, with a fixed seed, its tokens do not depend on which episodes share its batches."""
+    if cfg.rollout.seed is not None:
+        return cfg.rollout
+    return dataclasses.replace(cfg.rollout, seed=(cfg.seed * 7_919 + step * 104_729 + 1) % (2**31 - 1))
 
 
 def model_spec(cfg: TrainConfig) -> ModelSpec:
@@ -430,7 +441,13 @@ async def _train_step(s: _Session, step: int) -> bool:
         else:
             assert s.make_env is not None
             events = run_groups(
-                s.make_env, policy, s.renderer, cfg.rollout, seeds=todo, group_size=cfg.group_size, meta=meta
+                s.make_env,
+                policy,
+                s.renderer,
+                rollout_config(cfg, step),
+                seeds=todo,
+                group_size=cfg.group_size,
+                meta=meta,
             )
         async for done in events:
             await s.store.append(done.trajectory)  # on disk before anything else: kill -9 loses nothing
