@@ -49,6 +49,7 @@ from agentrl.policies import HFPolicy
 from agentrl.protocols import UpdatablePolicy, WeightSink, WeightUpdate
 from agentrl.rollout import RolloutConfig, run_groups
 from agentrl.run import ModelSpec, RunDir
+from agentrl.trainers.evaluate import EvalConfig, EvalReport, run_held_out, write_comparison
 from agentrl.types import ToolStatus
 from agentrl.update import policy_update
 
@@ -116,6 +117,10 @@ class TrainConfig:
     """Extra metric sinks: tensorboard, wandb (metrics.jsonl is always written)."""
     progress: bool = True
     """Show a progress bar."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation of the untrained (before step 0) and trained (after the last step) policy on the
+    same tasks of the env's test split; pass@1 with a 95 % interval, printed and written to
+    <run>/eval.json. --eval.tasks 0 turns it off."""
 
     def __post_init__(self) -> None:
         for name in ("group_size", "groups_per_step", "steps", "checkpoint_every", "keep_checkpoints"):
@@ -214,13 +219,18 @@ async def publish_weights(sink: WeightSink, model: Any, version: int) -> None:
     await sink.load_weights(WeightUpdate(version, model.state_dict()))
 
 
-def _env_factory(cfg: TrainConfig, pool: Any) -> Callable[[], agentrl.Env]:
+def _env_kwargs(cfg: TrainConfig, pool: Any) -> dict[str, Any]:
     from agentrl.envs.tool_env import ToolEnv
 
     kwargs = dict(cfg.env_kwargs)
     cls = agentrl.registry.entry_point(cfg.env)
     if isinstance(cls, type) and issubclass(cls, ToolEnv) and pool is not None:
         kwargs.setdefault("sandbox_pool", pool)
+    return kwargs
+
+
+def _env_factory(cfg: TrainConfig, pool: Any) -> Callable[[], agentrl.Env]:
+    kwargs = _env_kwargs(cfg, pool)
     agentrl.make(cfg.env, **{k: v for k, v in kwargs.items() if k != "sandbox_pool"})  # fail early
     return lambda: agentrl.make(cfg.env, **kwargs)
 
@@ -290,7 +300,7 @@ class _Progress:
 
 
 # ---------------------------------------------------------------------------------------------------
-RESUMABLE = frozenset({"steps", "resume", "out", "progress", "loggers"})
+RESUMABLE = frozenset({"steps", "resume", "out", "progress", "loggers", "eval"})
 """Settings a resumed run may change."""
 
 
@@ -386,6 +396,7 @@ async def train(cfg: TrainConfig) -> Path:
                 first_step=start,
                 agent=agent,
             )
+            before = await _held_out(session, pool, "untrained")
             for step in range(start, cfg.steps):
                 done = await _train_step(session, step)
                 if not done:
@@ -399,6 +410,10 @@ async def train(cfg: TrainConfig) -> Path:
                         state=CheckpointState(step + 1, step + 1, {"next_step": step + 1}),
                         keep=cfg.keep_checkpoints,
                     )
+            if not stop.is_set() and before is not None:
+                after = await _held_out(session, pool, "trained")
+                if after is not None:
+                    write_comparison(run_dir, before, after)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
@@ -419,6 +434,19 @@ async def train(cfg: TrainConfig) -> Path:
         print(f"stopped by signal during step {step}; resume with: agentrl train --resume {run_dir}")
         raise KeyboardInterrupt
     return run_dir
+
+
+async def _held_out(s: _Session, pool: Any, label: str) -> EvalReport | None:
+    """The held-out evaluation (not with --agent, whose task source may have no test split)."""
+    if not s.cfg.eval.tasks or s.agent is not None:
+        return None
+    clear = getattr(s.policy, "clear_cache", None)
+    report = await run_held_out(
+        s.policy, s.renderer, s.cfg.env, _env_kwargs(s.cfg, pool), s.cfg.eval, s.cfg.rollout, s.run_dir, label
+    )
+    if callable(clear):
+        clear()  # the eval's prompts are not the training tasks': give their KV back
+    return report
 
 
 async def _train_step(s: _Session, step: int) -> bool:
