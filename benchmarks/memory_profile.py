@@ -176,6 +176,7 @@ def _install(static_ref: str | None) -> None:
     _wrap(pg, "resolve_model", "model load")
     _wrap(pg, "policy_update", "learn")
     _wrap(pg, "save_checkpoint", "checkpoint")
+    _wrap(pg, "run_held_out", "held-out eval")
     _wrap(learner_mod.Learner, "score", "score (no grad)")
     _wrap(learner_mod.Learner, "step", "policy step")
     _wrap(learner_mod.Learner, "_clip_grad", "grad clip")
@@ -190,7 +191,7 @@ def _install(static_ref: str | None) -> None:
     @functools.wraps(gen)
     async def generate(self: Any, *a: Any, **k: Any) -> Any:
         assert PROBE is not None
-        if not PROBE.stack or PROBE.stack[-1] != "rollout":
+        if not PROBE.stack:  # inside "held-out eval" the generation belongs to the eval
             PROBE.enter("rollout")
         return await gen(self, *a, **k)
 
