@@ -341,6 +341,8 @@ def test_embedded_default_smoke_one_step(tmp_path):
             "2",
             "--rollout.max-new-tokens",
             "48",
+            "--eval.tasks",
+            "1",
             "--no-progress",
             "--out",
             str(run),
@@ -348,6 +350,7 @@ def test_embedded_default_smoke_one_step(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "smollm2 on math-tir-arith-v0, otb" in out.stdout
+    assert json.loads((run / "eval.json").read_text())["trained"]["tasks"] == 1
     (row,) = read_metrics(run)
     assert math.isfinite(row["learn/grad_norm"]) and math.isfinite(row["learn/loss"])
     trajs = list(read_trajectories(run))
