@@ -6,10 +6,20 @@ from pathlib import Path
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 SECTIONS = [
-    ("train", "`benchmarks/train_default.py`", "the README's main job: time to the end of step 0, tool use"),
+    (
+        "train",
+        "`benchmarks/train_default.py`",
+        "the default run: rollout vs the `generate` floor, peak RSS, held-out pass@1",
+    ),
     ("rollout", "`benchmarks/rollout.py`", "framework overhead per turn (target ≤ 1 ms, ≥ 1,000 turns/s)"),
     ("sandbox", "`benchmarks/sandbox.py`", "stateful vs fresh process, one-shot throughput, 64 sessions"),
     ("credit", "`benchmarks/credit.py`", "OTB vectorised vs loop; chunked log-prob + Σπ² memory and speed"),
+    (
+        "generation",
+        "`benchmarks/generation.py`",
+        "generation engine vs static batches vs `model.generate` (the floor), vLLM CPU; reproducibility",
+    ),
+    ("memory", "`benchmarks/memory_profile.py`", "the default train step's resident memory, per phase"),
     ("gateway", "`benchmarks/gateway.py`", "recording gateway vs the bare policy call (target ≤ 2 ms p50)"),
 ]
 

@@ -88,22 +88,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return pg.main(_train_config(ns))
         if ns.command == "eval":
-            from agentrl.trainers.evaluate import evaluate
+            from agentrl.trainers.evaluate import evaluate, format_report
 
             report = asyncio.run(
                 evaluate(
                     ns.model, ns.env, k=ns.k, tasks=ns.tasks, split=ns.split, seed=ns.seed, device=ns.device
                 )
             )
-            if ns.json:
-                print(json.dumps(config_to_dict(report)))
-            else:
-                print(
-                    f"{report.env} ({report.split or 'all'}): "
-                    f"{report.tasks} tasks x {report.samples_per_task}: "
-                    f"pass@1={report.pass_at_1:.3f} pass@{report.samples_per_task}={report.pass_at_k:.3f} "
-                    f"mean reward={report.mean_reward:.3f} infra failures={report.infra_failures}"
-                )
+            print(json.dumps(config_to_dict(report)) if ns.json else format_report(report))
             return 0
         if ns.command == "plot":
             from agentrl.metrics import plot_run

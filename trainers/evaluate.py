@@ -1,20 +1,54 @@
-"""``agentrl eval``: pass@1 and pass@k of a model on an environment's held-out split."""
+"""``agentrl eval`` and the held-out evaluation of ``agentrl train``: pass@1 (with a 95 % interval) and pass@k
+of a policy on an environment's held-out split.
+
+Intervals are percentile bootstraps **over tasks** (2,000 resamples, fixed seed): the ``k`` samples of
+one task are correlated (an easy task is solved by all of them), so tasks, not episodes, are the
+independent units; a binomial interval over episodes would be too narrow. A trained-vs-untrained
+comparison on the same tasks bootstraps the paired per-task differences (:func:`paired_gain`); both
+evaluations also use the same sampling seeds per (task, sample, turn) — common random numbers — so the
+difference is not blurred by sampling luck.
+"""
 
 from __future__ import annotations
 
+import json
 import math
+import random
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import agentrl
 from agentrl import TrajectoryMeta
 from agentrl.chat import ChatRenderer
+from agentrl.config import config_from_dict, config_to_dict
 from agentrl.errors import ConfigError
 from agentrl.models import ModelSpec, model_folder, resolve_model
 from agentrl.policies import HFPolicy
+from agentrl.protocols import Policy
 from agentrl.rollout import RolloutConfig, run_groups
 
-__all__ = ["EvalReport", "evaluate", "pass_at_k"]
+__all__ = [
+    "INTERVAL",
+    "EvalConfig",
+    "EvalReport",
+    "Gain",
+    "bootstrap_interval",
+    "evaluate",
+    "evaluate_policy",
+    "format_report",
+    "held_out_env",
+    "paired_gain",
+    "pass_at_k",
+    "run_held_out",
+    "write_comparison",
+]
+
+INTERVAL = "95% percentile bootstrap over tasks (2000 resamples)"
+"""How every interval of this module is computed."""
+_RESAMPLES = 2000
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -24,6 +58,54 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _quantiles(values: list[float], level: float) -> tuple[float, float]:
+    values.sort()
+    lo = values[math.floor((1 - level) / 2 * (len(values) - 1))]
+    hi = values[math.ceil((1 + level) / 2 * (len(values) - 1))]
+    return lo, hi
+
+
+def bootstrap_interval(
+    successes: Sequence[int], samples: Sequence[int], *, level: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
+    """Interval of pass@1 = Σ successes / Σ samples, resampling tasks (one entry per task)."""
+    if len(successes) != len(samples):
+        raise ConfigError("successes and samples need one entry per task")
+    n = len(successes)
+    if n == 0 or sum(samples) == 0:
+        return (math.nan, math.nan)
+    rng = random.Random(seed)
+    stats = []
+    for _ in range(_RESAMPLES):
+        pick = [rng.randrange(n) for _ in range(n)]
+        total = sum(samples[i] for i in pick)
+        stats.append(sum(successes[i] for i in pick) / total if total else 0.0)
+    return _quantiles(stats, level)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """The held-out evaluation ``agentrl train`` runs before its first step and after its last."""
+
+    tasks: int = 32
+    """Held-out tasks (the env's test split, task seeds ``seed, seed+1, ...``); 0 turns the evaluation off."""
+    samples: int = 2
+    """Episodes per task (pass@1 averages them; pass@k uses k = samples)."""
+    seed: int = 10_000
+    """First task seed; also the base of the sampling seeds (the same for the untrained and trained
+    policy)."""
+    split: str = "test"
+    """Split asked of envs that have one (others are evaluated on their only task distribution)."""
+
+    def __post_init__(self) -> None:
+        for name in ("tasks", "samples", "seed"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"--eval.{name} must be an integer >= 0, got {v!r}")
+        if self.samples < 1:
+            raise ConfigError(f"--eval.samples must be >= 1, got {self.samples}")
 
 
 @dataclass(frozen=True)
@@ -46,6 +128,129 @@ class EvalReport:
     """Mean episode reward."""
     infra_failures: int
     """Episodes lost to infrastructure failures (excluded from the rates)."""
+    pass_at_1_low: float = math.nan
+    """Lower end of pass@1's 95 % interval (:data:`INTERVAL`)."""
+    pass_at_1_high: float = math.nan
+    """Upper end of pass@1's 95 % interval."""
+    interval: str = INTERVAL
+    """How the interval was computed."""
+    task_ids: tuple[str, ...] = ()
+    """Evaluated tasks, in task-seed order (pairs two reports in :func:`paired_gain`)."""
+    task_successes: tuple[int, ...] = ()
+    """Successful episodes of each task."""
+    task_samples: tuple[int, ...] = ()
+    """Episodes of each task that count (infrastructure failures left out)."""
+
+
+@dataclass(frozen=True)
+class Gain:
+    """``after`` minus ``before`` pass@1 on the tasks both evaluated, with its paired 95 % interval."""
+
+    tasks: int
+    """Tasks in both reports."""
+    before: float
+    """pass@1 of the first report on those tasks."""
+    after: float
+    """pass@1 of the second report on those tasks."""
+    gain: float
+    """after − before."""
+    low: float
+    """Lower end of the gain's 95 % interval (paired bootstrap over tasks)."""
+    high: float
+    """Upper end of the gain's 95 % interval."""
+
+
+def paired_gain(before: EvalReport, after: EvalReport, *, seed: int = 0) -> Gain:
+    """The pass@1 difference of two evaluations of the same tasks, bootstrapped over tasks (paired)."""
+    b = dict(zip(before.task_ids, zip(before.task_successes, before.task_samples, strict=True), strict=True))
+    a = dict(zip(after.task_ids, zip(after.task_successes, after.task_samples, strict=True), strict=True))
+    common = [t for t in before.task_ids if t in a and b[t][1] and a[t][1]]
+    if not common:
+        raise ConfigError("the two evaluations share no task with usable episodes")
+    diffs = [a[t][0] / a[t][1] - b[t][0] / b[t][1] for t in common]
+    pb = sum(b[t][0] for t in common) / sum(b[t][1] for t in common)
+    pa = sum(a[t][0] for t in common) / sum(a[t][1] for t in common)
+    rng = random.Random(seed)
+    n = len(diffs)
+    stats = [sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(_RESAMPLES)]
+    low, high = _quantiles(stats, 0.95)
+    return Gain(tasks=n, before=pb, after=pa, gain=pa - pb, low=low, high=high)
+
+
+def held_out_env(env: str, split: str, **env_kwargs: Any) -> tuple[Callable[[], agentrl.Env], str | None]:
+    """A factory for ``env``'s ``split`` (and the split used: None when the env has no split argument)."""
+    kwargs: dict[str, Any] = {**env_kwargs, "split": split}
+    try:
+        agentrl.make(env, **{k: v for k, v in kwargs.items() if k != "sandbox_pool"})
+    except ConfigError:
+        kwargs.pop("split")  # the env has no split argument: evaluate on its only task distribution
+    return (lambda: agentrl.make(env, **kwargs)), kwargs.get("split")
+
+
+async def evaluate_policy(
+    policy: Policy,
+    renderer: ChatRenderer,
+    make_env: Callable[[], agentrl.Env],
+    *,
+    env: str,
+    split: str | None,
+    k: int,
+    tasks: int,
+    seed: int,
+    rollout: RolloutConfig,
+) -> EvalReport:
+    """Sample ``k`` episodes on each of ``tasks`` tasks (seeds ``seed ...``) with ``policy``; the sampling
+    seeds derive from ``seed`` (``rollout.seed`` is replaced), so two policies evaluated with the same
+    arguments see the same tasks and the same random numbers."""
+    import dataclasses
+
+    cfg = dataclasses.replace(rollout, seed=seed)
+    by_task: dict[str, list[float]] = {}
+    infra = 0
+    async for done in run_groups(
+        make_env,
+        policy,
+        renderer,
+        cfg,
+        seeds=range(seed, seed + tasks),
+        group_size=k,
+        meta=TrajectoryMeta(env_id=env),
+    ):
+        if done.group is None:
+            continue
+        infra += done.group.infra_failures
+        by_task[done.group.task_id] = [t.reward for t in done.group if not t.infra_failure]
+    order = sorted(by_task, key=lambda t: int(t.rsplit(":", 1)[-1]) if t.rsplit(":", 1)[-1].isdigit() else 0)
+    wins = [sum(r >= 1.0 for r in by_task[t]) for t in order]
+    ns = [len(by_task[t]) for t in order]
+    rewards = [r for t in order for r in by_task[t]]
+    full = [(n, c) for n, c in zip(ns, wins, strict=True) if n == k]
+    low, high = bootstrap_interval(wins, ns)
+    return EvalReport(
+        env=env,
+        split=split,
+        tasks=sum(n > 0 for n in ns),
+        samples_per_task=k,
+        pass_at_1=sum(wins) / max(sum(ns), 1),
+        pass_at_k=sum(pass_at_k(n, c, k) for n, c in full) / max(len(full), 1),
+        mean_reward=sum(rewards) / max(len(rewards), 1),
+        infra_failures=infra,
+        pass_at_1_low=low,
+        pass_at_1_high=high,
+        task_ids=tuple(order),
+        task_successes=tuple(wins),
+        task_samples=tuple(ns),
+    )
+
+
+def format_report(report: EvalReport) -> str:
+    """One line: pass@1 with its interval, pass@k, mean reward."""
+    return (
+        f"{report.env} ({report.split or 'all'}): {report.tasks} tasks x {report.samples_per_task}: "
+        f"pass@1={report.pass_at_1:.3f} [95% CI {report.pass_at_1_low:.3f}-{report.pass_at_1_high:.3f}] "
+        f"pass@{report.samples_per_task}={report.pass_at_k:.3f} mean reward={report.mean_reward:.3f} "
+        f"infra failures={report.infra_failures}"
+    )
 
 
 async def evaluate(
@@ -61,18 +266,15 @@ async def evaluate(
     temperature: float = 1.0,
     device: str = "cpu",
 ) -> EvalReport:
-    """Sample ``k`` episodes on each of ``tasks`` held-out tasks and report pass@1 / pass@k.
+    """Sample ``k`` episodes on each of ``tasks`` held-out tasks and report pass@1 (with its interval) and
+    pass@k.
 
     ``model`` is ``smollm2``, a model folder, a checkpoint (``<run>/checkpoints/step-N``) or a run directory
     (its newest checkpoint), as :func:`agentrl.models.resolve_model` reads it.
     """
     spec = ModelSpec(model, device=device)
     model_folder(spec.name)  # a wrong --model fails here, before any env is built
-    kwargs: dict[str, Any] = {"split": split}
-    try:
-        agentrl.make(env, **kwargs)
-    except ConfigError:
-        kwargs = {}  # the env has no split argument: evaluate on its only task distribution
+    make_env, used_split = held_out_env(env, split)
     loaded = resolve_model(spec)
     renderer = ChatRenderer(loaded.tokenizer)
     policy = HFPolicy(
@@ -83,31 +285,60 @@ async def evaluate(
         seed=seed,
     )
     cfg = RolloutConfig(max_turns=max_turns, max_new_tokens=max_new_tokens, temperature=temperature)
-    by_task: dict[str, list[float]] = {}
-    infra = 0
-    async for done in run_groups(
-        lambda: agentrl.make(env, **kwargs),
+    return await evaluate_policy(
+        policy, renderer, make_env, env=env, split=used_split, k=k, tasks=tasks, seed=seed, rollout=cfg
+    )
+
+
+async def run_held_out(
+    policy: Policy,
+    renderer: ChatRenderer,
+    env: str,
+    env_kwargs: dict[str, Any],
+    config: EvalConfig,
+    rollout: RolloutConfig,
+    run_dir: Path,
+    label: str,
+) -> EvalReport:
+    """The trainer's held-out evaluation of ``policy`` (``label``: untrained / trained), printed and written
+    to ``<run_dir>/eval-<label>.json``; the untrained one of a resumed run is read back from there."""
+    path = run_dir / f"eval-{label}.json"
+    if label == "untrained" and path.exists():
+        return config_from_dict(EvalReport, json.loads(path.read_text())["report"])
+    make_env, split = held_out_env(env, config.split, **env_kwargs)
+    t0 = time.perf_counter()
+    report = await evaluate_policy(
         policy,
         renderer,
-        cfg,
-        seeds=range(seed, seed + tasks),
-        group_size=k,
-        meta=TrajectoryMeta(env_id=env),
-    ):
-        usable = done.group.usable() if done.group is not None else None
-        if done.group is not None:
-            infra += done.group.infra_failures
-        if usable is not None:
-            by_task[usable.task_id] = list(usable.rewards)
-    rewards = [r for rs in by_task.values() for r in rs]
-    full = [rs for rs in by_task.values() if len(rs) == k]
-    return EvalReport(
+        make_env,
         env=env,
-        split=kwargs.get("split"),
-        tasks=len(by_task),
-        samples_per_task=k,
-        pass_at_1=sum(r >= 1.0 for r in rewards) / max(len(rewards), 1),
-        pass_at_k=sum(pass_at_k(k, sum(r >= 1.0 for r in rs), k) for rs in full) / max(len(full), 1),
-        mean_reward=sum(rewards) / max(len(rewards), 1),
-        infra_failures=infra,
+        split=split,
+        k=config.samples,
+        tasks=config.tasks,
+        seed=config.seed,
+        rollout=rollout,
     )
+    took = time.perf_counter() - t0
+    path.write_text(json.dumps({"label": label, "seconds": took, "report": config_to_dict(report)}) + "\n")
+    print(f"held-out eval, {label} ({took:.0f}s): {format_report(report)}", flush=True)
+    return report
+
+
+def write_comparison(run_dir: Path, before: EvalReport, after: EvalReport) -> Gain:
+    """Print the trained-vs-untrained gain and write both reports with it to ``<run_dir>/eval.json``."""
+    gain = paired_gain(before, after)
+    out = {
+        "untrained": config_to_dict(before),
+        "trained": config_to_dict(after),
+        "gain": config_to_dict(gain),
+        "interval": INTERVAL,
+    }
+    (run_dir / "eval.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(
+        f"held-out pass@1 on {gain.tasks} {after.split or ''} tasks x {after.samples_per_task}: untrained "
+        f"{before.pass_at_1:.3f} [{before.pass_at_1_low:.3f}, {before.pass_at_1_high:.3f}] -> trained "
+        f"{after.pass_at_1:.3f} [{after.pass_at_1_low:.3f}, {after.pass_at_1_high:.3f}], gain "
+        f"{gain.gain:+.3f} [{gain.low:+.3f}, {gain.high:+.3f}] ({INTERVAL}; {run_dir / 'eval.json'})",
+        flush=True,
+    )
+    return gain

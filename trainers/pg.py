@@ -21,6 +21,7 @@ checkpoint and exit.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import dataclasses
 import importlib.util
 import math
@@ -50,6 +51,7 @@ from agentrl.protocols import UpdatablePolicy, WeightSink, WeightUpdate
 from agentrl.rollout import RolloutConfig, run_groups
 from agentrl.run import ModelSpec, RunDir
 from agentrl.scores import save_step_scores
+from agentrl.trainers.evaluate import EvalConfig, EvalReport, run_held_out, write_comparison
 from agentrl.types import ToolStatus
 from agentrl.update import policy_update
 
@@ -58,6 +60,7 @@ __all__ = [
     "episode_metrics",
     "model_spec",
     "prepare_run",
+    "rollout_config",
     "task_seeds",
     "train",
 ]
@@ -112,8 +115,13 @@ class TrainConfig:
     )
     """How episodes run: turn and token limits, sampling, concurrency (the HF policy batches the turns of
     the episodes in flight)."""
-    learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(lr=2e-6, micro_batch_tokens=4096))
-    """Loss, optimizer and memory settings."""
+    learner: LearnerConfig = field(
+        default_factory=lambda: LearnerConfig(lr=2e-6, micro_batch_tokens=512, chunk_size=256)
+    )
+    """Loss, optimizer and memory settings. The defaults keep the default run under 4 GiB resident: a
+    135M fp32 model saves ~1.5 MB of activations per token for backward, so a micro-batch holds ~512
+    padded tokens (one or two episodes; the gradient does not depend on the split), and the LM head runs
+    256 tokens at a time (a [256, 49152] fp32 buffer is 48 MiB)."""
     checkpoint_every: int = 1
     """Write a checkpoint every this many steps (and at the end, and on SIGINT/SIGTERM)."""
     keep_checkpoints: int = 3
@@ -126,6 +134,10 @@ class TrainConfig:
     """Extra metric sinks: tensorboard, wandb (metrics.jsonl is always written)."""
     progress: bool = True
     """Show a progress bar."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation of the untrained (before step 0) and trained (after the last step) policy on the
+    same tasks of the env's test split; pass@1 with a 95 % interval, printed and written to
+    <run>/eval.json. --eval.tasks 0 turns it off."""
 
     def __post_init__(self) -> None:
         for name in ("group_size", "groups_per_step", "steps", "checkpoint_every", "keep_checkpoints"):
@@ -160,6 +172,16 @@ def task_seeds(seed: int, step: int, groups_per_step: int) -> list[int]:
     """The task seeds of a step: a pure function of (seed, step), so resumed runs see the same data."""
     base = seed * 1_000_003 + step * groups_per_step
     return [base + j for j in range(groups_per_step)]
+
+
+def rollout_config(cfg: TrainConfig, step: int) -> RolloutConfig:
+    """The rollout settings of ``step``. Unless ``--rollout.seed`` is set, the sampling seed is derived from
+    (``--seed``, step); :meth:`RolloutConfig.turn_sampling` mixes in the task seed (itself a function of seed,
+    step and task index), the episode's index in its group and the turn, so every episode draws from its own
+    stream and, with a fixed seed, its tokens do not depend on which episodes share its batches."""
+    if cfg.rollout.seed is not None:
+        return cfg.rollout
+    return dataclasses.replace(cfg.rollout, seed=(cfg.seed * 7_919 + step * 104_729 + 1) % (2**31 - 1))
 
 
 def model_spec(cfg: TrainConfig) -> ModelSpec:
@@ -227,13 +249,18 @@ async def publish_weights(sink: WeightSink, model: Any, version: int) -> None:
     await sink.load_weights(WeightUpdate(version, model.state_dict()))
 
 
-def _env_factory(cfg: TrainConfig, pool: Any) -> Callable[[], agentrl.Env]:
+def _env_kwargs(cfg: TrainConfig, pool: Any) -> dict[str, Any]:
     from agentrl.envs.tool_env import ToolEnv
 
     kwargs = dict(cfg.env_kwargs)
     cls = agentrl.registry.entry_point(cfg.env)
     if isinstance(cls, type) and issubclass(cls, ToolEnv) and pool is not None:
         kwargs.setdefault("sandbox_pool", pool)
+    return kwargs
+
+
+def _env_factory(cfg: TrainConfig, pool: Any) -> Callable[[], agentrl.Env]:
+    kwargs = _env_kwargs(cfg, pool)
     agentrl.make(cfg.env, **{k: v for k, v in kwargs.items() if k != "sandbox_pool"})  # fail early
     return lambda: agentrl.make(cfg.env, **kwargs)
 
@@ -303,7 +330,7 @@ class _Progress:
 
 
 # ---------------------------------------------------------------------------------------------------
-RESUMABLE = frozenset({"steps", "resume", "out", "progress", "loggers", "older_checkpoints"})
+RESUMABLE = frozenset({"steps", "resume", "out", "progress", "loggers", "older_checkpoints", "eval"})
 """Settings a resumed run may change."""
 
 
@@ -416,6 +443,7 @@ async def _train(cfg: TrainConfig, run: RunDir) -> Path:
                 first_step=start,
                 agent=agent,
             )
+            before = await _held_out(session, pool, "untrained")
             for step in range(start, cfg.steps):
                 done = await _train_step(session, step)
                 if not done:
@@ -430,6 +458,10 @@ async def _train(cfg: TrainConfig, run: RunDir) -> Path:
                         keep=cfg.keep_checkpoints,
                         older=cfg.older_checkpoints,
                     )
+            if not stop.is_set() and before is not None:
+                after = await _held_out(session, pool, "trained")
+                if after is not None:
+                    write_comparison(run_dir, before, after)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
@@ -453,6 +485,19 @@ async def _train(cfg: TrainConfig, run: RunDir) -> Path:
     return run_dir
 
 
+async def _held_out(s: _Session, pool: Any, label: str) -> EvalReport | None:
+    """The held-out evaluation (not with --agent, whose task source may have no test split)."""
+    if not s.cfg.eval.tasks or s.agent is not None:
+        return None
+    clear = getattr(s.policy, "clear_cache", None)
+    report = await run_held_out(
+        s.policy, s.renderer, s.cfg.env, _env_kwargs(s.cfg, pool), s.cfg.eval, s.cfg.rollout, s.run_dir, label
+    )
+    if callable(clear):
+        clear()  # the eval's prompts are not the training tasks': give their KV back
+    return report
+
+
 async def _train_step(s: _Session, step: int) -> bool:
     """One training step. Returns False when a stop was requested before it finished."""
     cfg, policy, learner = s.cfg, s.policy, s.learner
@@ -473,7 +518,13 @@ async def _train_step(s: _Session, step: int) -> bool:
         else:
             assert s.make_env is not None
             events = run_groups(
-                s.make_env, policy, s.renderer, cfg.rollout, seeds=todo, group_size=cfg.group_size, meta=meta
+                s.make_env,
+                policy,
+                s.renderer,
+                rollout_config(cfg, step),
+                seeds=todo,
+                group_size=cfg.group_size,
+                meta=meta,
             )
         async for done in events:
             await s.store.append(done.trajectory)  # on disk before anything else: kill -9 loses nothing
@@ -495,6 +546,9 @@ async def _train_step(s: _Session, step: int) -> bool:
     t_rollout = time.perf_counter() - t_step
 
     t_learn = time.perf_counter()
+    clear = getattr(policy, "clear_cache", None)
+    if callable(clear):
+        clear()  # the KV of this step's turns is stale once the weights change: free it before learning
     usable = [u for g in groups if (u := g.usable()) is not None]
     row: dict[str, float] = episode_metrics([t for g in groups for t in g])
     row["episodes/reused"] = float(reused)
@@ -543,8 +597,24 @@ def _format_row(step: int, row: dict[str, float]) -> str:
     return f"step {step}: " + " ".join(parts)
 
 
+def _return_freed_memory() -> None:
+    """Let freed tensors go back to the OS.
+
+    glibc raises its mmap threshold each time a large block is freed, after which tensors of up to 32 MiB
+    come from the heaps of several threads' arenas, where freed space stays resident (fragmentation: RSS
+    grows by GiBs over a run though the live tensors do not). A fixed 1 MiB threshold gives every larger
+    tensor its own mapping, returned to the OS when freed. No-op on other C libraries."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD (fixing it also stops the dynamic adjustment)
+        libc.mallopt(-8, 2)  # M_ARENA_MAX: the event loop, the engine's thread and torch's workers
+    except (OSError, AttributeError):
+        pass
+
+
 def main(cfg: TrainConfig) -> int:
     """Synchronous entry point used by the CLI; returns the exit status."""
+    _return_freed_memory()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers.utils import logging as hf_logging
 

@@ -51,13 +51,13 @@ async def test_concurrent_episodes_share_batches(model, tok, renderer):
 
 
 async def test_batching_does_not_change_samples(model, tok, renderer):
-    """Left padding and the KV cache are invisible: with per-request seeds, a batch of prompts of very
+    """Padding and the per-row KV slots are invisible: with per-request seeds, a batch of prompts of very
     different lengths samples the same ids as one request at a time, with the same log-probs."""
     policy = HFPolicy(model, tok, stop_token_ids=renderer.stop_token_ids)
     prompts = [renderer.encode("hi"), renderer.encode("a much longer prompt " * 6), renderer.encode("x y")]
     samplings = [Sampling(max_new_tokens=10, temperature=0.9, seed=s) for s in (1, 2, 3)]
     batched = await asyncio.gather(*(policy.generate(p, s) for p, s in zip(prompts, samplings, strict=True)))
-    assert policy.batch_sizes == [3]
+    assert policy.batch_sizes[0] == 3  # all three started in the first step
     for p, s, b in zip(prompts, samplings, batched, strict=True):
         single = policy.generate_batch_sync([p], [s])[0]
         assert single.token_ids == b.token_ids
@@ -180,13 +180,16 @@ async def test_cancelled_episodes_free_the_policy_quickly(model, tok):
             return False
         return True
 
-    while not busy():  # wait until the batch runs in its worker thread
+    while not busy():  # wait until the engine runs in its worker thread
         await asyncio.sleep(0.01)
     task.cancel()
-    # The worker notices the cancellation at the next token and releases the model.
+    # The worker notices the cancellation at the next token: the row leaves, the worker thread exits.
     for _ in range(500):
-        if not busy():
+        if not policy.engine.has_work() and not busy():
             break
         await asyncio.sleep(0.01)
     else:
         raise AssertionError("the decode loop kept running after its only request was cancelled")
+    steps = len(policy.batch_sizes)
+    await asyncio.sleep(0.1)
+    assert len(policy.batch_sizes) == steps  # and it stays stopped

@@ -32,6 +32,8 @@ TINY = [
     "2",
     "--rollout.max-new-tokens",
     "24",
+    "--eval.tasks",
+    "2",
     "--no-progress",
 ]
 
@@ -84,6 +86,21 @@ def test_run_directory_and_finite_metrics(two_step_run):
         t.validate()
         assert t.meta.env_id == "math-tir-arith-v0" and t.meta.step in (0, 1)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
+
+
+def test_the_run_ends_with_a_held_out_evaluation_of_untrained_and_trained(two_step_run):
+    run, out = two_step_run
+    report = json.loads((run / "eval.json").read_text())
+    assert "bootstrap over tasks" in report["interval"]
+    for label in ("untrained", "trained"):
+        r = report[label]
+        assert r["split"] == "test" and r["tasks"] == 2 and r["samples_per_task"] == 2
+        assert r["task_ids"] == ["math-tir-arith-v0:10000", "math-tir-arith-v0:10001"]  # the same tasks
+        assert r["pass_at_1_low"] <= r["pass_at_1"] <= r["pass_at_1_high"]
+        assert f"held-out eval, {label}" in out.stdout
+    gain = report["gain"]
+    assert gain["gain"] == pytest.approx(report["trained"]["pass_at_1"] - report["untrained"]["pass_at_1"])
+    assert "held-out pass@1 on 2 test tasks x 2: untrained" in out.stdout
 
 
 def test_resume_continues_at_step_3_with_the_same_data(two_step_run, tmp_path):
@@ -324,6 +341,8 @@ def test_embedded_default_smoke_one_step(tmp_path):
             "2",
             "--rollout.max-new-tokens",
             "48",
+            "--eval.tasks",
+            "1",
             "--no-progress",
             "--out",
             str(run),
@@ -331,6 +350,7 @@ def test_embedded_default_smoke_one_step(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "smollm2 on math-tir-arith-v0, otb" in out.stdout
+    assert json.loads((run / "eval.json").read_text())["trained"]["tasks"] == 1
     (row,) = read_metrics(run)
     assert math.isfinite(row["learn/grad_norm"]) and math.isfinite(row["learn/loss"])
     trajs = list(read_trajectories(run))
