@@ -21,6 +21,7 @@ checkpoint and exit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import importlib.util
 import math
@@ -38,24 +39,25 @@ import torch
 import agentrl
 from agentrl import JsonlStore, Trajectory, TrajectoryGroup, TrajectoryMeta, read_groups
 from agentrl.chat import ChatRenderer
-from agentrl.checkpoint import CheckpointState, load_checkpoint, save_checkpoint
 from agentrl.config import config_to_dict
 from agentrl.credit import OTB, AdvantageEstimator, Estimator, estimator_config
 from agentrl.errors import ConfigError
-from agentrl.learner import Learner, LearnerConfig
+from agentrl.learner import LearnerConfig
 from agentrl.metrics import MetricsLogger
-from agentrl.models import model_folder, resolve_model
+from agentrl.models import model_folder
 from agentrl.policies import HFPolicy
 from agentrl.protocols import UpdatablePolicy, WeightSink, WeightUpdate
-from agentrl.rollout import RolloutConfig, run_groups
+from agentrl.rollout import RolloutConfig
 from agentrl.run import ModelSpec, RunDir
+from agentrl.trainers.runtime import TrainRuntime
 from agentrl.types import ToolStatus
-from agentrl.update import policy_update
 
 __all__ = [
+    "RuntimeFactory",
     "TrainConfig",
     "episode_metrics",
     "model_spec",
+    "open_runtime",
     "prepare_run",
     "task_seeds",
     "train",
@@ -115,9 +117,30 @@ class TrainConfig:
     """Extra metric sinks: tensorboard, wandb (metrics.jsonl is always written)."""
     progress: bool = True
     """Show a progress bar."""
+    ray: str | None = None
+    """Run on Ray: 'local' (start Ray in this process), 'auto' (join the cluster this node belongs to) or
+    'ray://host:port'; unset, everything runs in this process. See docs/distributed.md."""
+    rollout_workers: int = 1
+    """With --ray: rollout worker actors (each runs many episodes, with a sandbox pool on its node)."""
+    inference_servers: int = 1
+    """With --ray: inference server actors (episodes are spread over them by in-flight count)."""
+    learners: int = 1
+    """With --ray: learner actors (more than one shard the model with FSDP over gloo/NCCL)."""
+    weights_dir: str | None = None
+    """With --ray: publish weights as safetensors files in this folder (every node must mount it) instead of
+    through the Ray object store."""
 
     def __post_init__(self) -> None:
-        for name in ("group_size", "groups_per_step", "steps", "checkpoint_every", "keep_checkpoints"):
+        for name in (
+            "group_size",
+            "groups_per_step",
+            "steps",
+            "checkpoint_every",
+            "keep_checkpoints",
+            "rollout_workers",
+            "inference_servers",
+            "learners",
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
@@ -139,6 +162,20 @@ class TrainConfig:
                 f"--rollout.temperature ({self.rollout.temperature}) and --learner.temperature "
                 f"({self.learner.temperature}) differ: the learner would score a distribution the "
                 "sampler never used. Set both."
+            )
+        if self.ray is None:
+            extra = [n for n in ("rollout_workers", "inference_servers", "learners") if getattr(self, n) != 1]
+            if extra or self.weights_dir is not None:
+                flags = [
+                    f"--{n.replace('_', '-')}"
+                    for n in [*extra, *(["weights_dir"] if self.weights_dir else [])]
+                ]
+                raise ConfigError(
+                    f"{', '.join(flags)} only apply with --ray (local, auto or ray://host:port)"
+                )
+        elif self.agent is not None:
+            raise ConfigError(
+                "--agent runs its gateway in this process; it cannot be combined with --ray yet"
             )
         if self.resume is not None and self.out is not None and Path(self.out) != Path(self.resume):
             raise ConfigError("--resume continues a run in place; do not also pass a different --out")
@@ -279,8 +316,21 @@ class _Progress:
 
 
 # ---------------------------------------------------------------------------------------------------
-RESUMABLE = frozenset({"steps", "resume", "out", "progress", "loggers"})
-"""Settings a resumed run may change."""
+RESUMABLE = frozenset(
+    {
+        "steps",
+        "resume",
+        "out",
+        "progress",
+        "loggers",
+        "ray",
+        "rollout_workers",
+        "inference_servers",
+        "learners",
+    }
+    | {"weights_dir"}
+)
+"""Settings a resumed run may change (where it runs is not part of the experiment)."""
 
 
 def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, RunDir]:
@@ -305,106 +355,77 @@ def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, RunDir]:
     return cfg, run
 
 
+RuntimeFactory = Callable[[TrainConfig, RunDir], contextlib.AbstractAsyncContextManager[TrainRuntime]]
+"""Opens the runtime of a run (:func:`open_runtime`, or a test's own)."""
+
+
+def open_runtime(cfg: TrainConfig, run: RunDir) -> contextlib.AbstractAsyncContextManager[TrainRuntime]:
+    """The runtime the config asks for: Ray actors with ``--ray``
+    (:func:`agentrl.trainers.distributed.ray_runtime`), else this process
+    (:func:`agentrl.trainers.local.local_runtime`)."""
+    if cfg.ray is not None:
+        from agentrl.trainers.distributed import ray_runtime
+
+        return ray_runtime(cfg, run)
+    from agentrl.trainers.local import local_runtime
+
+    return local_runtime(cfg, run)
+
+
 @dataclass
 class _Session:
     """What a running training loop holds (built once in :func:`train`, used by every step)."""
 
     cfg: TrainConfig
     run_dir: Path
-    make_env: Callable[[], agentrl.Env] | None
-    policy: UpdatablePolicy
-    renderer: ChatRenderer
+    runtime: TrainRuntime
     store: JsonlStore
-    learner: Learner
     metrics: MetricsLogger
     stop: asyncio.Event
     first_step: int
     """The step this process started at: only it can find its own episodes already on disk (a resume)."""
-    agent: Any = None
-    """With --agent: the AgentRunner that produces each step's groups through the gateway."""
 
 
-async def train(cfg: TrainConfig) -> Path:
-    """Run the training loop; return the run directory."""
-    from agentrl.sandbox import LocalSandbox, SandboxPool
-
+async def train(cfg: TrainConfig, *, runtime: RuntimeFactory | None = None) -> Path:
+    """Run the training loop on the runtime the config asks for (or ``runtime``); return the run directory."""
     cfg, run = prepare_run(cfg)
     run_dir = run.path
     torch.manual_seed(cfg.seed)
 
     t0 = time.perf_counter()
-    loaded = resolve_model(model_spec(cfg))
-    model, tokenizer, device = loaded.model, loaded.tokenizer, loaded.device
-    renderer = ChatRenderer(tokenizer)
-    learner = Learner(model, cfg.learner)
-    start = 0
-    ckpt = run.latest_checkpoint()
-    if ckpt is not None:
-        start = load_checkpoint(ckpt, model=model, optimizer=learner.optimizer).step
-        print(f"resumed {run_dir} at step {start} from {ckpt.path.name}")
-    policy = make_policy(cfg, model, tokenizer, renderer, device, version=start)
-    store = JsonlStore(run.trajectories_path)
-    metrics = MetricsLogger(run_dir, backends=cfg.loggers, config=config_to_dict(cfg))
-    metrics.truncate_from(start)
-    print(
-        f"agentrl train: {cfg.model} on {cfg.env}, {cfg.estimator}, {cfg.groups_per_step}x{cfg.group_size} "
-        f"episodes/step, steps {start}..{cfg.steps - 1}, run dir {run_dir} "
-        f"(setup {time.perf_counter() - t0:.1f}s)"
-    )
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    step = start
-    pool = SandboxPool(LocalSandbox, size=cfg.rollout.concurrency, max_waiting=4 * cfg.rollout.concurrency)
-    from agentrl.trainers.gateway.agent_rollout import agent_runner
-
+    store = JsonlStore(run.trajectories_path)
+    metrics = MetricsLogger(run_dir, backends=cfg.loggers, config=config_to_dict(cfg))
     try:
-        async with pool, agent_runner(cfg, policy, renderer) as agent:
-            session = _Session(
-                cfg,
-                run_dir,
-                _env_factory(cfg, pool) if agent is None else None,
-                policy,
-                renderer,
-                store,
-                learner,
-                metrics,
-                stop,
-                first_step=start,
-                agent=agent,
+        async with (runtime or open_runtime)(cfg, run) as rt:
+            start = step = rt.start_step
+            metrics.truncate_from(start)
+            print(
+                f"agentrl train: {cfg.model} on {cfg.env}, {cfg.estimator}, {cfg.groups_per_step}x"
+                f"{cfg.group_size} episodes/step, steps {start}..{cfg.steps - 1}, run dir {run_dir} "
+                f"(setup {time.perf_counter() - t0:.1f}s)"
             )
+            session = _Session(cfg, run_dir, rt, store, metrics, stop, first_step=start)
             for step in range(start, cfg.steps):
                 done = await _train_step(session, step)
                 if not done:
                     break
                 if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-                    save_checkpoint(
-                        run,
-                        model=model,
-                        optimizer=learner.optimizer,
-                        tokenizer=tokenizer,
-                        state=CheckpointState(step + 1, step + 1, {"next_step": step + 1}),
-                        keep=cfg.keep_checkpoints,
-                    )
+                    await rt.save_checkpoint(run, step + 1, keep=cfg.keep_checkpoints)
+            if stop.is_set():
+                # The weights are those after the last completed step: make sure a checkpoint says so.
+                latest = run.latest_checkpoint()
+                if latest is None or latest.step != step:
+                    await rt.save_checkpoint(run, step, keep=cfg.keep_checkpoints)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         store.close()
         metrics.close()
     if stop.is_set():
-        # The weights are those after the last completed step: make sure a checkpoint says so.
-        latest = run.latest_checkpoint()
-        if latest is None or latest.step != step:
-            save_checkpoint(
-                run,
-                model=model,
-                optimizer=learner.optimizer,
-                tokenizer=tokenizer,
-                state=CheckpointState(step, step, {"next_step": step}),
-                keep=cfg.keep_checkpoints,
-            )
         print(f"stopped by signal during step {step}; resume with: agentrl train --resume {run_dir}")
         raise KeyboardInterrupt
     return run_dir
@@ -412,7 +433,7 @@ async def train(cfg: TrainConfig) -> Path:
 
 async def _train_step(s: _Session, step: int) -> bool:
     """One training step. Returns False when a stop was requested before it finished."""
-    cfg, policy, learner = s.cfg, s.policy, s.learner
+    cfg, runtime = s.cfg, s.runtime
     t_step = time.perf_counter()
     seeds = task_seeds(cfg.seed, step, cfg.groups_per_step)
     # Reading the run's trajectories back is only needed once, for the step a resumed run starts at.
@@ -422,17 +443,10 @@ async def _train_step(s: _Session, step: int) -> bool:
     todo = [seed for seed in seeds if f"{cfg.env}:{seed}" not in reused_tasks]
     total = len(todo) * cfg.group_size
     bar = _Progress(cfg.progress, total, f"step {step} rollout")
-    meta = TrajectoryMeta(env_id=cfg.env, step=step, policy_version=policy.version)
+    meta = TrajectoryMeta(env_id=cfg.env, step=step, policy_version=runtime.version)
 
     async def rollout() -> None:
-        if s.agent is not None:  # --agent: the same groups, played by the agent through the gateway
-            events = s.agent.run_groups(seeds=todo, group_size=cfg.group_size, meta=meta)
-        else:
-            assert s.make_env is not None
-            events = run_groups(
-                s.make_env, policy, s.renderer, cfg.rollout, seeds=todo, group_size=cfg.group_size, meta=meta
-            )
-        async for done in events:
+        async for done in runtime.run_groups(seeds=todo, group_size=cfg.group_size, meta=meta):
             await s.store.append(done.trajectory)  # on disk before anything else: kill -9 loses nothing
             if done.group is not None:
                 groups.append(done.group)
@@ -456,13 +470,10 @@ async def _train_step(s: _Session, step: int) -> bool:
     row: dict[str, float] = episode_metrics([t for g in groups for t in g])
     row["episodes/reused"] = float(reused)
     if usable:
-        update = await asyncio.to_thread(
-            policy_update, learner, usable, estimator=cfg.estimator, pad_id=tokenizer_pad_id(s.renderer)
-        )
-        row.update(update.metrics)
+        row.update(await runtime.update(usable))
     else:
         print(f"step {step}: every episode failed for infrastructure reasons; no update")
-    await publish_weights(policy, learner.model, step + 1)
+    await runtime.publish(step + 1)
     row["time/rollout_s"] = t_rollout
     row["time/learn_s"] = time.perf_counter() - t_learn
     row["time/step_s"] = time.perf_counter() - t_step
