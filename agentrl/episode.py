@@ -359,6 +359,7 @@ class _Episode:
             errors=tuple(self.errors),
             meta=meta,
             timings=self.timings,
+            policy_versions=tuple(self.versions),
         )
         if cfg.audit:
             from agentrl.audit import audit_trajectory

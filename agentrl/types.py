@@ -428,6 +428,9 @@ class Trajectory:
     """Identity and provenance of the episode."""
     timings: Mapping[str, float] = field(default_factory=dict)
     """Seconds spent per phase (``generate``, ``env``, ``tools``, ``total``)."""
+    policy_versions: tuple[int, ...] = ()
+    """The weights version that sampled each model turn (one per ``MODEL`` segment, in order): every sampled
+    token carries the version of its turn. Empty in files written before versions were recorded per turn."""
 
     # ----------------------------------------------------------------------------------------------
     @property
@@ -485,6 +488,10 @@ class Trajectory:
             pos = s.end
         if pos != n:
             raise AuditError(f"segments cover {pos} of {n} tokens")
+        if self.policy_versions and len(self.policy_versions) != self.num_turns:
+            raise AuditError(
+                f"{len(self.policy_versions)} policy versions recorded for {self.num_turns} model turns"
+            )
 
     # ----------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -507,6 +514,7 @@ class Trajectory:
             "errors": [e.to_dict() for e in self.errors],
             "meta": self.meta.to_dict(),
             "timings": dict(self.timings),
+            "policy_versions": list(self.policy_versions),
         }
 
     @classmethod
@@ -527,6 +535,7 @@ class Trajectory:
             errors=tuple(EpisodeFailure.from_dict(e) for e in d.get("errors", ())),
             meta=TrajectoryMeta.from_dict(d.get("meta") or {"group_id": d.get("group_id", "")}),
             timings={str(k): float(v) for k, v in (d.get("timings") or {}).items()},
+            policy_versions=tuple(int(v) for v in d.get("policy_versions") or ()),
         )
 
     def to_json(self) -> str:
