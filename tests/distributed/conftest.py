@@ -5,8 +5,6 @@ import os
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="the Ray runtime's tests need the ray extra (bash .ci/setup --dev)")
-
 HEAD = {"learner": 2, "inference": 2}
 ROLLOUT_NODE = {"rollout": 2, "sandbox": 2}
 MB = 2**20
@@ -18,6 +16,7 @@ def add_rollout_node(cluster):
 
 @pytest.fixture(scope="module")
 def cluster():
+    ray = pytest.importorskip("ray", reason="the Ray tests need the ray extra (bash .ci/setup --dev)")
     from ray.cluster_utils import Cluster
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")

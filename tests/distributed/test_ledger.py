@@ -108,3 +108,25 @@ def test_bad_ledgers_and_settings_are_refused(tmp_path):
         GroupLedger(max_attempts=0)
     with pytest.raises(LedgerError, match="unknown"):
         GroupLedger().mark_trained([(0, 0)])
+
+
+def test_a_resume_from_an_older_checkpoint_rewinds_trained_steps(tmp_path):
+    led = GroupLedger(tmp_path / "ledger.jsonl")
+    for step in (0, 1, 2):
+        led.issue(step, [step])
+        e = led.lease("w")
+        assert e is not None and led.complete(e.key, e.group_id)
+        led.mark_trained([e.key])
+    led.close()
+    again = GroupLedger(tmp_path / "ledger.jsonl")
+    again.rewind(1)  # the checkpoint holds step 1; the updates of steps 1 and 2 were lost
+    assert [again.entries[(s, s)].state for s in (0, 1, 2)] == [
+        GroupState.TRAINED,
+        GroupState.DONE,
+        GroupState.DONE,
+    ]
+    again.issue(2, [2])  # step 2 runs again under a new attempt
+    e = again.lease("w")
+    assert e is not None and e.group_id == "s2-t2-a1"
+    again.close()
+    assert GroupLedger(tmp_path / "ledger.jsonl").entries[(1, 1)].state is GroupState.DONE

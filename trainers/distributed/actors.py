@@ -144,9 +144,10 @@ class LoadBalancer:
             raise ConfigError("the load balancer needs at least one inference server")
         self.in_flight = [0] * n_servers
 
-    def acquire(self) -> int:
-        """A server index for a new episode."""
-        i = min(range(len(self.in_flight)), key=self.in_flight.__getitem__)
+    def acquire(self, exclude: int | None = None) -> int:
+        """A server index for a new episode (not ``exclude`` unless it is the only server)."""
+        choices = [i for i in range(len(self.in_flight)) if i != exclude] or [0]
+        i = min(choices, key=self.in_flight.__getitem__)
         self.in_flight[i] += 1
         return i
 
@@ -160,13 +161,21 @@ class LoadBalancer:
 
 
 class _ServerPolicy:
-    """The :class:`~agentrl.protocols.Policy` one episode sees: every turn goes to one server."""
+    """The :class:`~agentrl.protocols.Policy` one episode sees: every turn goes to one server (sticky). When
+    that server dies or is restarting, the turn fails over to the least-loaded other server (the same one
+    after a pause when it is the only one), a few times at most."""
 
-    def __init__(self, server: Any, name: str):
-        self.server, self.name = server, name
+    def __init__(self, servers: Sequence[Any], balancer: Any, index: int, failovers: int = 3):
+        self.servers, self.balancer, self.index = servers, balancer, index
+        self.max_failovers = failovers
+        self.failovers = 0
         self._version = 0
         self.lost = False
-        """The server died under a request (the episode is retried elsewhere or is an infra failure)."""
+        """No server answered after the failovers (the episode is retried or becomes an infra failure)."""
+
+    @property
+    def name(self) -> str:
+        return f"server-{self.index}"
 
     @property
     def version(self) -> int:
@@ -175,11 +184,19 @@ class _ServerPolicy:
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
         from ray.exceptions import RayActorError
 
-        try:
-            gen: Generation = await self.server.generate.remote(tuple(prompt_ids), sampling)
-        except RayActorError as e:
-            self.lost = True
-            raise PolicyError(f"inference server {self.name} died during a request: {e}") from e
+        while True:
+            try:
+                gen: Generation = await self.servers[self.index].generate.remote(tuple(prompt_ids), sampling)
+                break
+            except RayActorError as e:
+                if self.failovers >= self.max_failovers:
+                    self.lost = True
+                    raise PolicyError(f"inference server {self.name} died during a request: {e}") from e
+                self.failovers += 1
+                await asyncio.sleep(0.5 * self.failovers)  # a restarting server needs a moment
+                old = self.index
+                self.index = await self.balancer.acquire.remote(exclude=old)
+                self.balancer.release.remote(old)
         self._version = gen.policy_version
         return gen
 
@@ -278,7 +295,7 @@ class RolloutWorker:
         )
         for attempt in range(self.episode_retries + 1):
             index: int = await self.balancer.acquire.remote()
-            policy = _ServerPolicy(self.servers[index], f"server-{index}")
+            policy = _ServerPolicy(self.servers, self.balancer, index)
             env = make_env()
             try:
                 traj = await run_episode(
@@ -286,7 +303,7 @@ class RolloutWorker:
                 )
             finally:
                 await env.close()
-                self.balancer.release.remote(index)
+                self.balancer.release.remote(policy.index)
             if (
                 not (policy.lost and traj.stop_reason is StopReason.POLICY_ERROR)
                 or attempt == self.episode_retries
@@ -300,6 +317,8 @@ class RolloutWorker:
         }
         if attempt:
             provenance["episode_attempts"] = str(attempt + 1)
+        if policy.failovers:
+            provenance["server_failovers"] = str(policy.failovers)
         return dataclasses.replace(
             traj, meta=dataclasses.replace(traj.meta, extra={**traj.meta.extra, **provenance})
         )

@@ -256,6 +256,16 @@ class GroupLedger:
             self.entries[key] = out
             self._write("trained", out)
 
+    def rewind(self, step: int) -> None:
+        """A resume from the checkpoint of ``step``: groups of that step and later that were trained are
+        only done again (their update was lost with the driver), so the trainer may reuse or re-issue
+        them."""
+        for key, e in list(self.entries.items()):
+            if e.step >= step and e.state is GroupState.TRAINED:
+                out = replace(e, state=GroupState.DONE)
+                self.entries[key] = out
+                self._write("done", out)
+
     # --- accounting -------------------------------------------------------------------------------
     def counts(self, step: int | None = None) -> dict[str, int]:
         """How many groups (of ``step``, or of the whole run) are in each state, plus ``issued``."""

@@ -86,6 +86,15 @@ class RayOptions:
     """How often Ray restarts a dead inference server."""
     local_cpus: int = 2
     """CPUs of the Ray instance ``--ray local`` starts."""
+    gpus_per_actor: float | None = None
+    """GPUs each learner and inference server reserves (Ray hides GPUs from actors that reserve none).
+    None: 0.5 with ``--device cuda`` (a server and a learner share one GPU), else 0."""
+
+    def gpus(self, cfg: Any) -> float:
+        """The GPUs a learner or server reserves for ``cfg``."""
+        if self.gpus_per_actor is not None:
+            return self.gpus_per_actor
+        return 0.5 if str(cfg.device).startswith("cuda") else 0.0
 
 
 def connect(address: str, cfg: Any, opts: RayOptions) -> bool:
@@ -153,7 +162,9 @@ class RayRuntime:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.broker = ray.remote(WeightBroker).options(num_cpus=0).remote()
-        self.placement = placement_group([{"learner": 1}] * cfg.learners, strategy="PACK")
+        gpus = self.opts.gpus(cfg)
+        bundle = {"learner": 1.0, **({"GPU": gpus} if gpus else {})}
+        self.placement = placement_group([bundle] * cfg.learners, strategy="PACK")
         await self.placement.ready()
         actor = ray.remote(LearnerActor)
         self.learners = [
@@ -163,6 +174,7 @@ class RayRuntime:
                     self.placement, placement_group_bundle_index=r
                 ),
                 resources={"learner": 1},
+                num_gpus=gpus,
             ).remote(r, cfg.learners, cfg)
             for r in range(cfg.learners)
         ]
@@ -172,12 +184,14 @@ class RayRuntime:
             *(lrn.load_checkpoint.remote(str(self.run.path)) for lrn in self.learners)
         )
         self._start = self._version = int(steps[0])
+        self.ledger.rewind(self._start)
         if self._start:
             print(f"resumed {self.run.path} at step {self._start} (Ray learner group of {cfg.learners})")
         server = ray.remote(InferenceServer)
         self.servers = [
             server.options(
                 num_cpus=0,
+                num_gpus=gpus,
                 resources={"inference": 1},
                 max_restarts=self.opts.server_restarts,
                 max_task_retries=0,
@@ -311,7 +325,7 @@ class RayRuntime:
         refs = await asyncio.gather(*(lrn.publish.remote(version, self.transport) for lrn in self.learners))
         ref: WeightRef = refs[0]
         await self.broker.set.remote(ref)
-        states: list[ServerState] = list(await asyncio.gather(*(s.sync.remote() for s in self.servers)))
+        states: list[ServerState] = list(await asyncio.gather(*(self._sync(s) for s in self.servers)))
         bad = [s for s in states if s.version != version or s.checksum != ref.checksum]
         if bad:
             raise ConfigError(
@@ -319,6 +333,20 @@ class RayRuntime:
             )
         self.last_sync, self.learner_checksum, self._version = states, ref.checksum, version
         self.sync_s = time.perf_counter() - t0
+
+    async def _sync(self, server: Any, timeout: float = 300.0) -> ServerState:
+        """One server's sync; a server that Ray is restarting is waited for (it syncs as it starts)."""
+        from ray.exceptions import ActorUnavailableError
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                state: ServerState = await server.sync.remote()
+                return state
+            except ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
 
     def _settle(self, step: int) -> None:
         """Mark the step's delivered groups consumed and check the ledger's accounting."""
