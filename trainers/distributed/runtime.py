@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, InfraError
 from agentrl.groups import TrajectoryGroup
 from agentrl.rollout import EpisodeDone
 from agentrl.run import RunDir
@@ -84,6 +84,8 @@ class RayOptions:
     """Attempts per group before it is dropped."""
     server_restarts: int = 3
     """How often Ray restarts a dead inference server."""
+    max_replacements: int = 16
+    """Rollout workers the controller may start in place of dead ones over a run."""
     local_cpus: int = 2
     """CPUs of the Ray instance ``--ray local`` starts."""
     gpus_per_actor: float | None = None
@@ -159,9 +161,14 @@ class RayRuntime:
         ray, cfg = self.ray, self.cfg
         _check_resources(ray, cfg)
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        from ray.util.scheduling_strategies import (
+            NodeAffinitySchedulingStrategy,
+            PlacementGroupSchedulingStrategy,
+        )
 
-        self.broker = ray.remote(WeightBroker).options(num_cpus=0).remote()
+        # The broker and the balancer live on the driver's node: if that node goes, the run goes anyway.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.broker = ray.remote(WeightBroker).options(num_cpus=0, scheduling_strategy=here).remote()
         gpus = self.opts.gpus(cfg)
         bundle = {"learner": 1.0, **({"GPU": gpus} if gpus else {})}
         self.placement = placement_group([bundle] * cfg.learners, strategy="PACK")
@@ -198,9 +205,14 @@ class RayRuntime:
             ).remote(f"server-{k}", self.opts.policy_factory, cfg, self.broker, self.transport)
             for k in range(cfg.inference_servers)
         ]
-        self.balancer = ray.remote(LoadBalancer).options(num_cpus=0).remote(cfg.inference_servers)
+        self.balancer = (
+            ray.remote(LoadBalancer)
+            .options(num_cpus=0, scheduling_strategy=here)
+            .remote(cfg.inference_servers)
+        )
         for _ in range(cfg.rollout_workers):
             self._spawn_worker()
+        await asyncio.gather(*(w.where.remote() for w in self.workers.values()))  # all alive before leasing
         await self.publish(self._start)
 
     def _spawn_worker(self) -> str:
@@ -245,13 +257,25 @@ class RayRuntime:
     ) -> AsyncIterator[EpisodeDone]:
         """Lease the step's groups to the workers and yield every episode of each group that comes back
         (the ledger discards late duplicates); re-lease groups of dead workers and expired leases."""
-        from ray.exceptions import RayActorError
+        from ray.exceptions import RayActorError, RayTaskError
 
         step = int(meta.step or 0)
         keys = set(self.ledger.issue(step, list(seeds)))
         slots = max(1, -(-self.cfg.rollout.concurrency // group_size)) + 1
-        busy = dict.fromkeys(self.workers, 0)
+        busy = dict.fromkeys(self.workers, 0)  # workers known to be alive -> groups they hold
         running: dict[asyncio.Future[Any], tuple[GroupKey, str, str, Any]] = {}
+        starting: dict[asyncio.Future[Any], str] = {}  # replacements: leased to only once they answer
+
+        def replace_worker(dead: str) -> None:
+            if dead in self.workers:
+                del self.workers[dead]
+                busy.pop(dead, None)
+                if self.replaced_workers >= self.opts.max_replacements:
+                    raise InfraError(f"{self.replaced_workers} rollout workers replaced; giving up")
+                self.replaced_workers += 1
+                new = self._spawn_worker()
+                starting[asyncio.wrap_future(self.workers[new].where.remote().future())] = new
+
         try:
             while True:
                 for e in self.ledger.expired():
@@ -266,23 +290,33 @@ class RayRuntime:
                 states = [self.ledger.entries[k].state.value for k in keys]
                 if all(s in ("done", "dropped", "trained") for s in states):
                     return
-                if not running:  # nothing to wait for but leases held by nobody we know: wait for expiry
-                    await asyncio.sleep(0.05)
+                if not running and not starting:
+                    if not busy:
+                        raise InfraError("no rollout worker is alive and none could be started")
+                    await asyncio.sleep(0.05)  # leases held by nobody we know: wait for their expiry
                     continue
-                finished, _ = await asyncio.wait(running, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+                finished, _ = await asyncio.wait(
+                    [*running, *starting], timeout=0.5, return_when=asyncio.FIRST_COMPLETED
+                )
                 for fut in finished:
+                    if fut in starting:
+                        name = starting.pop(fut)
+                        if fut.exception() is None:
+                            busy[name] = 0
+                        else:  # it died before it served (e.g. placed on a node that was going away)
+                            replace_worker(name)
+                        continue
                     key, gid, name, _ref = running.pop(fut)
                     if name in busy:
                         busy[name] -= 1
                     try:
                         result: GroupResult = fut.result()
+                    except RayTaskError as err:  # the worker is alive but raised (a call of its own failed)
+                        self.ledger.release(key, gid, f"{name} failed: {str(err).splitlines()[0]}"[:300])
+                        continue
                     except RayActorError as err:
                         self.ledger.release(key, gid, f"{name} died: {type(err).__name__}")
-                        if name in self.workers:
-                            del self.workers[name]
-                            busy.pop(name, None)
-                            busy[self._spawn_worker()] = 0
-                            self.replaced_workers += 1
+                        replace_worker(name)
                         continue
                     except Exception as err:  # the worker raised: a bug or an infra fault, not the model's
                         self.ledger.release(key, gid, f"{name} failed: {type(err).__name__}: {err}"[:300])
