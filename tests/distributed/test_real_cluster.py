@@ -1,5 +1,6 @@
 """Real tier (opt-in: AGENTRL_RAY_CLUSTER=1): a 2-node Ray cluster started with `ray start`, and
-`agentrl train --ray auto` on SmolLM2 for 2 steps with the real sandbox, as docs/distributed.md describes.
+`agentrl train --ray auto` on SmolLM2 for 2 steps with the real sandbox, as docs/distributed.md describes
+(AGENTRL_RAY_CLUSTER_MODEL=tiny runs the same with the tiny model, to check the cluster set-up quickly).
 
 The head offers the learner and inference resources, the second node the rollout and sandbox resources; both
 run on this machine with their own ports. Only the processes of this cluster are stopped afterwards (found
@@ -87,6 +88,8 @@ def test_two_node_cluster_trains_smollm2_for_two_steps(tmp_path):
                 "train",
                 "--ray",
                 "auto",
+                "--model",
+                os.environ.get("AGENTRL_RAY_CLUSTER_MODEL", "smollm2"),
                 "--steps",
                 "2",
                 "--groups-per-step",
