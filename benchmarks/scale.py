@@ -124,7 +124,7 @@ async def run(args: argparse.Namespace) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--groups", type=int, default=16)
+    ap.add_argument("--groups", type=int, default=32)
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--concurrency", type=int, default=8, help="episodes in flight per worker")
     ap.add_argument("--generate-s", type=float, default=1.0)
