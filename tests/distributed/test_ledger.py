@@ -108,6 +108,14 @@ def test_bad_ledgers_and_settings_are_refused(tmp_path):
         GroupLedger(max_attempts=0)
     with pytest.raises(LedgerError, match="unknown"):
         GroupLedger().mark_trained([(0, 0)])
+    led = GroupLedger()
+    led.issue(0, [1])
+    with pytest.raises(LedgerError, match="cannot be dropped: it is pending"):
+        led.drop((0, 1), "no")
+    e = led.lease("w")
+    assert e is not None and led.complete(e.key, e.group_id)
+    led.drop(e.key, "every episode failed for infrastructure reasons")
+    assert led.check(0, settled=True)["dropped"] == 1
 
 
 def test_a_resume_from_an_older_checkpoint_rewinds_trained_steps(tmp_path):

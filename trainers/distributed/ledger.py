@@ -256,6 +256,15 @@ class GroupLedger:
             self.entries[key] = out
             self._write("trained", out)
 
+    def drop(self, key: GroupKey, reason: str) -> None:
+        """Give up a done group the trainer cannot use (every episode an infrastructure failure)."""
+        e = self.entries.get(key)
+        if e is None or e.state is not GroupState.DONE:
+            raise LedgerError(f"group {key} cannot be dropped: it is {e.state.value if e else 'unknown'}")
+        out = replace(e, state=GroupState.DROPPED, reason=reason)
+        self.entries[key] = out
+        self._write("dropped", out)
+
     def rewind(self, step: int) -> None:
         """A resume from the checkpoint of ``step``: groups of that step and later that were trained are
         only done again (their update was lost with the driver), so the trainer may reuse or re-issue

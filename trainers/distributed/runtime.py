@@ -154,6 +154,8 @@ class RayRuntime:
         self.last_sync: list[ServerState] = []
         self.learner_checksum = ""
         self._all_infra: set[GroupKey] = set()
+        self.sync_s = 0.0
+        """Seconds the last weight sync took (publish, every server loaded and checked)."""
 
     # --- construction -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -387,7 +389,10 @@ class RayRuntime:
         if step < 0 or step < self._start - 1:
             return
         delivered = [k for k, e in self.ledger.entries.items() if e.step == step and e.state.value == "done"]
-        self.ledger.mark_trained(delivered)
+        for k in delivered:
+            if k in self._all_infra:  # handed to the trainer, which could use none of it
+                self.ledger.drop(k, "every episode failed for infrastructure reasons")
+        self.ledger.mark_trained([k for k in delivered if k not in self._all_infra])
         self.ledger.check(step, settled=True)
 
     def metrics(self, step: int) -> dict[str, float]:
