@@ -360,6 +360,7 @@ class _Episode:
             meta=meta,
             timings=self.timings,
             tokenizer=renderer.tokenizer_info,
+            policy_versions=tuple(self.versions),
         )
         if cfg.audit:
             from agentrl.audit import audit_trajectory

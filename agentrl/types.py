@@ -439,6 +439,9 @@ class Trajectory:
     """Seconds spent per phase (``generate``, ``env``, ``tools``, ``total``)."""
     tokenizer: TokenizerInfo | None = None
     """The tokenizer the token ids belong to (None in records from before it was recorded)."""
+    policy_versions: tuple[int, ...] = ()
+    """The weights version that sampled each model turn (one per ``MODEL`` segment, in order): every sampled
+    token carries the version of its turn. Empty in files written before versions were recorded per turn."""
 
     # ----------------------------------------------------------------------------------------------
     @property
@@ -496,6 +499,10 @@ class Trajectory:
             pos = s.end
         if pos != n:
             raise AuditError(f"segments cover {pos} of {n} tokens")
+        if self.policy_versions and len(self.policy_versions) != self.num_turns:
+            raise AuditError(
+                f"{len(self.policy_versions)} policy versions recorded for {self.num_turns} model turns"
+            )
 
     # ----------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -518,6 +525,7 @@ class Trajectory:
             "errors": [e.to_dict() for e in self.errors],
             "meta": self.meta.to_dict(),
             "timings": dict(self.timings),
+            "policy_versions": list(self.policy_versions),
         } | ({"tokenizer": self.tokenizer.to_dict()} if self.tokenizer is not None else {})
 
     @classmethod
@@ -539,6 +547,7 @@ class Trajectory:
             meta=TrajectoryMeta.from_dict(d.get("meta") or {"group_id": d.get("group_id", "")}),
             timings={str(k): float(v) for k, v in (d.get("timings") or {}).items()},
             tokenizer=TokenizerInfo.from_dict(d["tokenizer"]) if d.get("tokenizer") else None,
+            policy_versions=tuple(int(v) for v in d.get("policy_versions") or ()),
         )
 
     def to_json(self) -> str:

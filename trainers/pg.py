@@ -11,17 +11,17 @@ One step, top to bottom::
       → Learner.step (PPO-clip / REINFORCE) → the policy sees the new weights (version k+1)
       → one line in <run>/metrics.jsonl, a checkpoint in <run>/checkpoints/step-<k+1>
 
-Resume (``--resume RUN``) loads the last checkpoint (weights, optimizer, RNG, data position), drops
-metrics lines of steps it will redo, and reuses every *complete* group of the interrupted step that is already
-on disk (read back with ``agentrl.store.read_groups``; they were sampled by the same weights), so no finished
-trajectory is lost and no step is logged twice. SIGINT/SIGTERM stop the rollout, keep what finished,
-checkpoint and exit.
+The loop runs over a :class:`~agentrl.trainers.runtime.TrainRuntime`: this process (trainers/local.py,
+the default) or Ray actors (``--ray``, trainers/distributed/). Resume (``--resume RUN``) loads the last
+checkpoint, drops metrics lines of steps it will redo and reuses every *complete* group of the interrupted
+step already on disk, so no finished trajectory is lost and no step is logged twice. SIGINT/SIGTERM stop the
+rollout, keep what finished, checkpoint and exit.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
+import contextlib
 import dataclasses
 import importlib.util
 import math
@@ -39,26 +39,26 @@ import torch
 import agentrl
 from agentrl import JsonlStore, Trajectory, TrajectoryGroup, TrajectoryMeta, read_groups
 from agentrl.chat import ChatRenderer
-from agentrl.checkpoint import CheckpointState, load_checkpoint, save_checkpoint
 from agentrl.config import config_to_dict
 from agentrl.credit import OTB, AdvantageEstimator, Estimator, estimator_config
 from agentrl.errors import ConfigError
-from agentrl.learner import Learner, LearnerConfig
+from agentrl.learner import LearnerConfig
 from agentrl.metrics import MetricsLogger
-from agentrl.models import model_folder, resolve_model
+from agentrl.models import model_folder
 from agentrl.policies import HFPolicy
 from agentrl.protocols import UpdatablePolicy, WeightSink, WeightUpdate
-from agentrl.rollout import RolloutConfig, run_groups
+from agentrl.rollout import RolloutConfig
 from agentrl.run import ModelSpec, RunDir
-from agentrl.scores import save_step_scores
-from agentrl.trainers.evaluate import EvalConfig, EvalReport, run_held_out, write_comparison
+from agentrl.trainers.evaluate import EvalConfig, EvalReport, write_comparison
+from agentrl.trainers.runtime import TrainRuntime
 from agentrl.types import ToolStatus
-from agentrl.update import policy_update
 
 __all__ = [
+    "RuntimeFactory",
     "TrainConfig",
     "episode_metrics",
     "model_spec",
+    "open_runtime",
     "prepare_run",
     "rollout_config",
     "task_seeds",
@@ -138,9 +138,30 @@ class TrainConfig:
     """Held-out evaluation of the untrained (before step 0) and trained (after the last step) policy on the
     same tasks of the env's test split; pass@1 with a 95 % interval, printed and written to
     <run>/eval.json. --eval.tasks 0 turns it off."""
+    ray: str | None = None
+    """Run on Ray: 'local' (start Ray in this process), 'auto' (join the cluster this node belongs to) or
+    'ray://host:port'; unset, everything runs in this process. See docs/distributed.md."""
+    rollout_workers: int = 1
+    """With --ray: rollout worker actors (each runs many episodes, with a sandbox pool on its node)."""
+    inference_servers: int = 1
+    """With --ray: inference server actors (episodes are spread over them by in-flight count)."""
+    learners: int = 1
+    """With --ray: learner actors (more than one shard the model with FSDP over gloo/NCCL)."""
+    weights_dir: str | None = None
+    """With --ray: publish weights as safetensors files in this folder (every node must mount it) instead of
+    through the Ray object store."""
 
     def __post_init__(self) -> None:
-        for name in ("group_size", "groups_per_step", "steps", "checkpoint_every", "keep_checkpoints"):
+        for name in (
+            "group_size",
+            "groups_per_step",
+            "steps",
+            "checkpoint_every",
+            "keep_checkpoints",
+            "rollout_workers",
+            "inference_servers",
+            "learners",
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
@@ -162,6 +183,20 @@ class TrainConfig:
                 f"--rollout.temperature ({self.rollout.temperature}) and --learner.temperature "
                 f"({self.learner.temperature}) differ: the learner would score a distribution the "
                 "sampler never used. Set both."
+            )
+        if self.ray is None:
+            extra = [n for n in ("rollout_workers", "inference_servers", "learners") if getattr(self, n) != 1]
+            if extra or self.weights_dir is not None:
+                flags = [
+                    f"--{n.replace('_', '-')}"
+                    for n in [*extra, *(["weights_dir"] if self.weights_dir else [])]
+                ]
+                raise ConfigError(
+                    f"{', '.join(flags)} only apply with --ray (local, auto or ray://host:port)"
+                )
+        elif self.agent is not None:
+            raise ConfigError(
+                "--agent runs its gateway in this process; it cannot be combined with --ray yet"
             )
         if self.resume is not None and self.out is not None and Path(self.out) != Path(self.resume):
             raise ConfigError("--resume continues a run in place; do not also pass a different --out")
@@ -330,8 +365,23 @@ class _Progress:
 
 
 # ---------------------------------------------------------------------------------------------------
-RESUMABLE = frozenset({"steps", "resume", "out", "progress", "loggers", "older_checkpoints", "eval"})
-"""Settings a resumed run may change."""
+RESUMABLE = frozenset(
+    {
+        "steps",
+        "resume",
+        "out",
+        "progress",
+        "loggers",
+        "older_checkpoints",
+        "eval",
+        "ray",
+        "rollout_workers",
+        "inference_servers",
+        "learners",
+    }
+    | {"weights_dir"}
+)
+"""Settings a resumed run may change (where it runs is not part of the experiment)."""
 
 
 def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, RunDir]:
@@ -356,110 +406,87 @@ def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, RunDir]:
     return cfg, run
 
 
+RuntimeFactory = Callable[[TrainConfig, RunDir], contextlib.AbstractAsyncContextManager[TrainRuntime]]
+"""Opens the runtime of a run (:func:`open_runtime`, or a test's own)."""
+
+
+def open_runtime(cfg: TrainConfig, run: RunDir) -> contextlib.AbstractAsyncContextManager[TrainRuntime]:
+    """The runtime the config asks for: Ray actors with ``--ray``
+    (:func:`agentrl.trainers.distributed.ray_runtime`), else this process
+    (:func:`agentrl.trainers.local.local_runtime`)."""
+    if cfg.ray is not None:
+        from agentrl.trainers.distributed import ray_runtime
+
+        return ray_runtime(cfg, run)
+    from agentrl.trainers.local import local_runtime
+
+    return local_runtime(cfg, run)
+
+
 @dataclass
 class _Session:
     """What a running training loop holds (built once in :func:`train`, used by every step)."""
 
     cfg: TrainConfig
     run: RunDir
-    make_env: Callable[[], agentrl.Env] | None
-    policy: UpdatablePolicy
-    renderer: ChatRenderer
+    runtime: TrainRuntime
     store: JsonlStore
-    learner: Learner
     metrics: MetricsLogger
     stop: asyncio.Event
     first_step: int
     """The step this process started at: only it can find its own episodes already on disk (a resume)."""
-    agent: Any = None
-    """With --agent: the AgentRunner that produces each step's groups through the gateway."""
 
 
-async def train(cfg: TrainConfig) -> Path:
-    """Run the training loop; return the run directory. A start that fails before anything is recorded
-    leaves no run directory behind (or, in a directory that was already there, none of its files)."""
+async def train(cfg: TrainConfig, *, runtime: RuntimeFactory | None = None) -> Path:
+    """Run the training loop on the runtime the config asks for (or ``runtime``); return the run directory.
+
+    A start that fails before anything is recorded leaves no run directory behind (or, in a directory that
+    was already there, none of its files)."""
     created = cfg.resume is None and (cfg.out is None or not Path(cfg.out).is_dir())
     cfg, run = prepare_run(cfg)
     try:
-        return await _train(cfg, run)
+        return await _train(cfg, run, runtime)
     except BaseException:
         if cfg.resume is None and run.discard_unstarted(created=created):
             print(f"the run recorded nothing; removed {run.path}", file=sys.stderr)
         raise
 
 
-async def _train(cfg: TrainConfig, run: RunDir) -> Path:
-    from agentrl.sandbox import LocalSandbox, SandboxPool
-
+async def _train(cfg: TrainConfig, run: RunDir, runtime: RuntimeFactory | None) -> Path:
     run_dir = run.path
     torch.manual_seed(cfg.seed)
 
     t0 = time.perf_counter()
-    loaded = resolve_model(model_spec(cfg))
-    model, tokenizer, device = loaded.model, loaded.tokenizer, loaded.device
-    renderer = ChatRenderer(tokenizer)
-    learner = Learner(model, cfg.learner)
-    start = 0
-    ckpt = run.latest_checkpoint()
-    if ckpt is not None:
-        start = load_checkpoint(ckpt, model=model, optimizer=learner.optimizer).step
-        print(f"resumed {run_dir} at step {start} from {ckpt.path.name}")
-    policy = make_policy(cfg, model, tokenizer, renderer, device, version=start)
-    if not isinstance(policy, HFPolicy):
-        # A sampler with its own copy of the weights starts from the learner's (a resumed run's too).
-        connect = getattr(policy, "connect", None)
-        if connect is not None:
-            await connect()
-        await publish_weights(policy, model, start)
-    store = JsonlStore(run.trajectories_path, mode="append" if cfg.resume is not None else "new")
-    metrics = MetricsLogger(run_dir, backends=cfg.loggers, config=config_to_dict(cfg))
-    metrics.truncate_from(start)
-    print(
-        f"agentrl train: {cfg.model} on {cfg.env}, {cfg.estimator}, {cfg.groups_per_step}x{cfg.group_size} "
-        f"episodes/step, steps {start}..{cfg.steps - 1}, run dir {run_dir} "
-        f"(setup {time.perf_counter() - t0:.1f}s)"
-    )
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    step = start
-    pool = SandboxPool(LocalSandbox, size=cfg.rollout.concurrency, max_waiting=4 * cfg.rollout.concurrency)
-    from agentrl.trainers.gateway.agent_rollout import agent_runner
-
+    store = JsonlStore(run.trajectories_path, mode="append" if cfg.resume is not None else "new")
+    metrics = MetricsLogger(run_dir, backends=cfg.loggers, config=config_to_dict(cfg))
     try:
-        async with pool, agent_runner(cfg, policy, renderer) as agent:
-            session = _Session(
-                cfg,
-                run,
-                _env_factory(cfg, pool) if agent is None else None,
-                policy,
-                renderer,
-                store,
-                learner,
-                metrics,
-                stop,
-                first_step=start,
-                agent=agent,
+        async with (runtime or open_runtime)(cfg, run) as rt:
+            start = step = rt.start_step
+            metrics.truncate_from(start)
+            print(
+                f"agentrl train: {cfg.model} on {cfg.env}, {cfg.estimator}, {cfg.groups_per_step}x"
+                f"{cfg.group_size} episodes/step, steps {start}..{cfg.steps - 1}, run dir {run_dir} "
+                f"(setup {time.perf_counter() - t0:.1f}s)"
             )
-            before = await _held_out(session, pool, "untrained")
+            session = _Session(cfg, run, rt, store, metrics, stop, first_step=start)
+            before = await _held_out(rt, "untrained")
             for step in range(start, cfg.steps):
                 done = await _train_step(session, step)
                 if not done:
                     break
                 if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-                    save_checkpoint(
-                        run,
-                        model=model,
-                        optimizer=learner.optimizer,
-                        tokenizer=tokenizer,
-                        state=CheckpointState(step + 1, step + 1, {"next_step": step + 1}),
-                        keep=cfg.keep_checkpoints,
-                        older=cfg.older_checkpoints,
-                    )
+                    await rt.save_checkpoint(run, step + 1, keep=cfg.keep_checkpoints)
+            if stop.is_set():
+                # The weights are those after the last completed step: make sure a checkpoint says so.
+                latest = run.latest_checkpoint()
+                if latest is None or latest.step != step:
+                    await rt.save_checkpoint(run, step, keep=cfg.keep_checkpoints)
             if not stop.is_set() and before is not None:
-                after = await _held_out(session, pool, "trained")
+                after = await _held_out(rt, "trained")
                 if after is not None:
                     write_comparison(run_dir, before, after)
     finally:
@@ -468,39 +495,21 @@ async def _train(cfg: TrainConfig, run: RunDir) -> Path:
         store.close()
         metrics.close()
     if stop.is_set():
-        # The weights are those after the last completed step: make sure a checkpoint says so.
-        latest = run.latest_checkpoint()
-        if latest is None or latest.step != step:
-            save_checkpoint(
-                run,
-                model=model,
-                optimizer=learner.optimizer,
-                tokenizer=tokenizer,
-                state=CheckpointState(step, step, {"next_step": step}),
-                keep=cfg.keep_checkpoints,
-                older=cfg.older_checkpoints,
-            )
         print(f"stopped by signal during step {step}; resume with: agentrl train --resume {run_dir}")
         raise KeyboardInterrupt
     return run_dir
 
 
-async def _held_out(s: _Session, pool: Any, label: str) -> EvalReport | None:
-    """The held-out evaluation (not with --agent, whose task source may have no test split)."""
-    if not s.cfg.eval.tasks or s.agent is not None:
-        return None
-    clear = getattr(s.policy, "clear_cache", None)
-    report = await run_held_out(
-        s.policy, s.renderer, s.cfg.env, _env_kwargs(s.cfg, pool), s.cfg.eval, s.cfg.rollout, s.run_dir, label
-    )
-    if callable(clear):
-        clear()  # the eval's prompts are not the training tasks': give their KV back
-    return report
+async def _held_out(rt: TrainRuntime, label: str) -> EvalReport | None:
+    """The held-out evaluation, where the runtime offers one (the local runtime does, except with --agent,
+    whose task source may have no test split)."""
+    held_out = getattr(rt, "held_out", None)
+    return await held_out(label) if held_out is not None else None
 
 
 async def _train_step(s: _Session, step: int) -> bool:
     """One training step. Returns False when a stop was requested before it finished."""
-    cfg, policy, learner = s.cfg, s.policy, s.learner
+    cfg, runtime = s.cfg, s.runtime
     t_step = time.perf_counter()
     seeds = task_seeds(cfg.seed, step, cfg.groups_per_step)
     # Reading the run's trajectories back is only needed once, for the step a resumed run starts at.
@@ -510,23 +519,10 @@ async def _train_step(s: _Session, step: int) -> bool:
     todo = [seed for seed in seeds if f"{cfg.env}:{seed}" not in reused_tasks]
     total = len(todo) * cfg.group_size
     bar = _Progress(cfg.progress, total, f"step {step} rollout")
-    meta = TrajectoryMeta(env_id=cfg.env, step=step, policy_version=policy.version)
+    meta = TrajectoryMeta(env_id=cfg.env, step=step, policy_version=runtime.version)
 
     async def rollout() -> None:
-        if s.agent is not None:  # --agent: the same groups, played by the agent through the gateway
-            events = s.agent.run_groups(seeds=todo, group_size=cfg.group_size, meta=meta)
-        else:
-            assert s.make_env is not None
-            events = run_groups(
-                s.make_env,
-                policy,
-                s.renderer,
-                rollout_config(cfg, step),
-                seeds=todo,
-                group_size=cfg.group_size,
-                meta=meta,
-            )
-        async for done in events:
+        async for done in runtime.run_groups(seeds=todo, group_size=cfg.group_size, meta=meta):
             await s.store.append(done.trajectory)  # on disk before anything else: kill -9 loses nothing
             if done.group is not None:
                 groups.append(done.group)
@@ -546,23 +542,14 @@ async def _train_step(s: _Session, step: int) -> bool:
     t_rollout = time.perf_counter() - t_step
 
     t_learn = time.perf_counter()
-    clear = getattr(policy, "clear_cache", None)
-    if callable(clear):
-        clear()  # the KV of this step's turns is stale once the weights change: free it before learning
     usable = [u for g in groups if (u := g.usable()) is not None]
     row: dict[str, float] = episode_metrics([t for g in groups for t in g])
     row["episodes/reused"] = float(reused)
     if usable:
-        update = await asyncio.to_thread(
-            policy_update, learner, usable, estimator=cfg.estimator, pad_id=tokenizer_pad_id(s.renderer)
-        )
-        row.update(update.metrics)
-        # Replay's advantages of this step once its checkpoint is rotated away (agentrl.scores).
-        c = update.credit
-        save_step_scores(s.run, step, usable, c.logprobs_B_T, c.sum_pi_squared_B_T)
+        row.update(await runtime.update(usable))
     else:
         print(f"step {step}: every episode failed for infrastructure reasons; no update")
-    await publish_weights(policy, learner.model, step + 1)
+    await runtime.publish(step + 1)
     row["time/rollout_s"] = t_rollout
     row["time/learn_s"] = time.perf_counter() - t_learn
     row["time/step_s"] = time.perf_counter() - t_step
@@ -597,24 +584,11 @@ def _format_row(step: int, row: dict[str, float]) -> str:
     return f"step {step}: " + " ".join(parts)
 
 
-def _return_freed_memory() -> None:
-    """Let freed tensors go back to the OS.
-
-    glibc raises its mmap threshold each time a large block is freed, after which tensors of up to 32 MiB
-    come from the heaps of several threads' arenas, where freed space stays resident (fragmentation: RSS
-    grows by GiBs over a run though the live tensors do not). A fixed 1 MiB threshold gives every larger
-    tensor its own mapping, returned to the OS when freed. No-op on other C libraries."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD (fixing it also stops the dynamic adjustment)
-        libc.mallopt(-8, 2)  # M_ARENA_MAX: the event loop, the engine's thread and torch's workers
-    except (OSError, AttributeError):
-        pass
-
-
 def main(cfg: TrainConfig) -> int:
     """Synchronous entry point used by the CLI; returns the exit status."""
-    _return_freed_memory()
+    from agentrl.trainers.local import return_freed_memory
+
+    return_freed_memory()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers.utils import logging as hf_logging
 

@@ -1,0 +1,43 @@
+"""One small Ray cluster per test module: a head with the learner and inference resources, two nodes with
+rollout and sandbox resources (so a node can be removed while the run goes on)."""
+
+import os
+
+import pytest
+
+HEAD = {"learner": 2, "inference": 2}
+ROLLOUT_NODE = {"rollout": 2, "sandbox": 2}
+MB = 2**20
+
+
+def add_rollout_node(cluster):
+    return cluster.add_node(num_cpus=1, resources=dict(ROLLOUT_NODE), object_store_memory=80 * MB)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray = pytest.importorskip("ray", reason="the Ray tests need the ray extra (bash .ci/setup --dev)")
+    from ray.cluster_utils import Cluster
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1,
+            "resources": dict(HEAD),
+            "object_store_memory": 120 * MB,
+            "include_dashboard": False,
+            # Notice a removed node within seconds, but do not mistake a node slowed by a busy machine for
+            # a dead one.
+            "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 6},
+        },
+    )
+    try:
+        add_rollout_node(c)
+        add_rollout_node(c)
+        c.wait_for_nodes()
+        ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()

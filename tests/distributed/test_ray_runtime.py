@@ -1,0 +1,316 @@
+"""The Ray runtime on a real (small) Ray cluster: equivalence with the single-process trainer, and every fault
+the issue lists: a rollout worker killed, its node removed, an inference server killed, the driver SIGKILLed.
+
+The sampler is the scripted math-tir policy (sleep-bound, plan chosen by the sampling seed), the envs and
+sandboxes are real, the learner is the tiny model."""
+
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from agentrl import read_trajectories
+from agentrl.learner import Learner, LearnerConfig
+from agentrl.metrics import read_metrics
+from agentrl.models import resolve_model
+from agentrl.rollout import RolloutConfig
+from agentrl.run import RunDir
+from agentrl.trainers import pg
+from agentrl.trainers.distributed import GroupLedger, GroupState, RayOptions, ray_runtime
+from agentrl.trainers.distributed.scripted import ScriptedTIRFactory, ScriptedTIRPolicy
+from agentrl.types import StopReason, TrajectoryMeta
+from agentrl.update import score_and_credit
+from agentrl.weights import weights_checksum
+
+from .conftest import add_rollout_node
+
+ray = pytest.importorskip("ray", reason="the Ray runtime's tests need the ray extra (bash .ci/setup --dev)")
+
+pytestmark = pytest.mark.slow
+HERE = Path(__file__).parent
+
+
+def config(tmp_path, **kw):
+    base = dict(
+        model="tiny",
+        env="math-tir-arith-v0",
+        group_size=2,
+        groups_per_step=4,
+        steps=1,
+        out=str(tmp_path / "run"),
+        rollout=RolloutConfig(
+            max_turns=3, max_new_tokens=48, concurrency=4, on_template_mismatch="stop", seed=3
+        ),
+        learner=LearnerConfig(lr=1e-3),
+        progress=False,
+        ray="auto",
+    )
+    base.update(kw)
+    return pg.TrainConfig(**base)
+
+
+def new_run(cfg):
+    cfg, run = pg.prepare_run(cfg)
+    return cfg, run
+
+
+async def wait_until(predicate, timeout=180.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        await asyncio.sleep(0.05)
+
+
+class Rollout:
+    """One step's run_groups driven in the background, so a test can break things while it runs."""
+
+    def __init__(self, rt, cfg, step=0):
+        self.events = []
+        seeds = pg.task_seeds(cfg.seed, step, cfg.groups_per_step)
+        meta = TrajectoryMeta(env_id=cfg.env, step=step, policy_version=rt.version)
+        self.expected = sorted(f"{cfg.env}:{s}" for s in seeds)
+
+        async def consume():
+            async for done in rt.run_groups(seeds=seeds, group_size=cfg.group_size, meta=meta):
+                self.events.append(done)
+
+        self.task = asyncio.ensure_future(consume())
+
+    async def finish(self, timeout=300.0):
+        await asyncio.wait_for(self.task, timeout)
+        groups = [d.group for d in self.events if d.group is not None]
+        trajs = [d.trajectory for d in self.events]
+        ids = [t.meta.episode_id for t in trajs]
+        assert sorted(g.task_id for g in groups) == self.expected  # exactly the step's groups, once each
+        assert len(ids) == len(set(ids)) == len(self.expected) * len(groups[0])  # no duplicate trajectory
+        return groups, trajs
+
+
+def leased_by(rt, worker):
+    return any(e.state is GroupState.LEASED and e.worker == worker for e in rt.ledger.entries.values())
+
+
+async def finish_step(rt, groups, version):
+    """Train on the groups and publish: the ledger must settle and every server hold the learner's weights."""
+    usable = [u for g in groups if (u := g.usable()) is not None]
+    metrics = await rt.update(usable)
+    await rt.publish(version)
+    assert all(s.version == version and s.checksum == rt.learner_checksum for s in rt.last_sync)
+    return metrics
+
+
+# ---------------------------------------------------------------------------------------------------
+async def test_one_worker_server_learner_equals_the_single_process_trainer(cluster, tmp_path, monkeypatch):
+    # Single process: the same scripted sampler in place of HFPolicy.
+    monkeypatch.setattr(
+        pg,
+        "make_policy",
+        lambda cfg, model, tok, renderer, device, *, version: ScriptedTIRPolicy(tok, version=version),
+    )
+    local_cfg = config(tmp_path, ray=None, out=str(tmp_path / "local"))
+    await pg.train(local_cfg)
+    ray_cfg = config(tmp_path, out=str(tmp_path / "ray"))
+    opts = RayOptions(policy_factory=ScriptedTIRFactory())
+    await pg.train(ray_cfg, runtime=lambda c, r: ray_runtime(c, r, opts))
+
+    def by_task(run):
+        out = defaultdict(list)
+        for t in read_trajectories(run):
+            out[t.meta.task_id].append(t)
+        return out
+
+    local, remote = by_task(tmp_path / "local"), by_task(tmp_path / "ray")
+    assert sorted(local) == sorted(remote) and len(local) == 4
+
+    def rows(ts):
+        return sorted((t.token_ids, t.rewards, t.policy_versions) for t in ts)
+
+    for task in local:
+        assert rows(local[task]) == rows(remote[task]), task
+    # Advantages: the estimator on each group, scored by the same initial weights.
+    learner = Learner(resolve_model(pg.model_spec(local_cfg)).model, local_cfg.learner)
+    from agentrl.groups import TrajectoryGroup
+
+    def advantages(ts):
+        credit = score_and_credit(
+            learner, [TrajectoryGroup(tuple(ts))], estimator=local_cfg.estimator, pad_id=0
+        )
+        m = credit.batch.loss_mask_B_T.bool()
+        return sorted(
+            tuple(round(float(a), 6) for a in credit.advantages_B_T[i][m[i]]) for i in range(len(ts))
+        )
+
+    rewards = set()
+    for task in local:
+        assert advantages(local[task]) == advantages(remote[task]), task
+        rewards |= {t.reward for t in local[task]}
+    assert rewards == {0.0, 1.0}  # the groups are not trivial: some members right, some wrong
+    # Provenance on the Ray side only; the trajectory format is otherwise the same.
+    t = remote[next(iter(remote))][0]
+    assert {"worker", "server", "node", "sandbox_pool"} <= set(t.meta.extra)
+    assert t.meta.extra["server"] == "server-0" and t.meta.extra["worker"] == "worker-0"
+    # The learner saw the same batch: the same update, the same checkpoint.
+    lm, rm = read_metrics(tmp_path / "local")[0], read_metrics(tmp_path / "ray")[0]
+    for key in ("reward/mean", "learn/adv_mean", "learn/adv_abs_mean", "learn/loss"):
+        assert lm[key] == pytest.approx(rm[key], rel=1e-5, abs=1e-7), key
+    assert rm["ray/groups_issued"] == 4 and rm["ray/leases_released"] == 0
+    ckpts = [RunDir(tmp_path / r).latest_checkpoint() for r in ("local", "ray")]
+    assert all(c is not None and c.step == 1 for c in ckpts)
+
+
+async def test_a_rollout_worker_killed_mid_step(cluster, tmp_path):
+    cfg, run = new_run(config(tmp_path, rollout_workers=2, groups_per_step=6))
+    opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=0.3), lease_s=120)
+    async with ray_runtime(cfg, run, opts) as rt:
+        rollout = Rollout(rt, cfg)
+        await wait_until(lambda: leased_by(rt, "worker-0"))
+        ray.kill(rt.workers["worker-0"], no_restart=True)
+        groups, trajs = await rollout.finish()
+        assert rt.ledger.released >= 1 and rt.replaced_workers == 1
+        assert "worker-0" not in rt.workers and "worker-2" in rt.workers
+        assert not any(t.infra_failure for t in trajs)
+        retried = [g for g in groups if not g.group_id.endswith("-a0")]
+        assert retried and all(t.meta.extra["worker"] != "worker-0" for g in retried for t in g)
+        metrics = await finish_step(rt, groups, 1)
+        assert metrics["ray/workers_replaced"] == 1 and metrics["ray/groups_dropped"] == 0
+    c = GroupLedger(run.path / "ledger.jsonl").check(0, settled=True)
+    assert c["issued"] == c["trained"] == 6
+
+
+async def test_an_inference_server_killed_restarts_with_the_current_weights(cluster, tmp_path):
+    cfg, run = new_run(config(tmp_path, inference_servers=2, groups_per_step=4))
+    opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=0.3), lease_s=120)
+    async with ray_runtime(cfg, run, opts) as rt:
+        await rt.publish(1)  # the servers now hold version 1; a restarted one starts at 0 and must catch up
+        rollout = Rollout(rt, cfg, step=1)
+        await wait_until(lambda: len(rollout.events) >= 1)
+        ray.kill(rt.servers[0], no_restart=False)
+        groups, trajs = await rollout.finish()
+        for t in trajs:
+            if t.infra_failure:  # lost with its server after the retries: recorded, never scored
+                assert t.stop_reason is StopReason.POLICY_ERROR and "died" in t.errors[-1].message
+            else:
+                assert set(t.policy_versions) == {1}, t.meta.extra  # nothing sampled with stale weights
+        assert any(
+            t.infra_failure or set(t.meta.extra) & {"episode_attempts", "server_failovers"} for t in trajs
+        )
+        states = await asyncio.gather(*(rt._sync(s) for s in rt.servers))
+        assert [s.starts for s in states] == [2, 1]
+        assert all(s.version == 1 and s.checksum == rt.learner_checksum for s in states)
+        await finish_step(rt, groups, 2)
+
+
+async def test_the_node_of_a_worker_removed_mid_step(cluster, tmp_path):
+    cfg, run = new_run(config(tmp_path, rollout_workers=2, groups_per_step=6))
+    opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=0.3), lease_s=120)
+    try:
+        async with ray_runtime(cfg, run, opts) as rt:
+            where = await rt.workers["worker-0"].where.remote()
+            (victim,) = [n for n in cluster.worker_nodes if n.node_id.startswith(where)]
+            rollout = Rollout(rt, cfg)
+            await wait_until(lambda: leased_by(rt, "worker-0"))
+            cluster.remove_node(victim, allow_graceful=False)
+            groups, _ = await rollout.finish()
+            assert rt.ledger.released >= 1 and rt.replaced_workers >= 1
+            nodes = {t.meta.extra["node"] for g in groups if not g.group_id.endswith("-a0") for t in g}
+            assert nodes and where not in nodes  # the re-run groups ran elsewhere
+            await finish_step(rt, groups, 1)
+    finally:
+        add_rollout_node(cluster)  # give the module its capacity back
+
+
+def test_a_driver_killed_with_sigkill_resumes_from_the_ledger(cluster, tmp_path):
+    run = tmp_path / "killed"
+    cmd = [sys.executable, str(HERE / "drive.py"), cluster.address, str(run), "3"]
+    env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    traj = run / "trajectories.jsonl"
+
+    def step1_lines():
+        return [x for x in (traj.read_text().splitlines() if traj.exists() else []) if '"step":1' in x]
+
+    deadline = time.monotonic() + 400
+    while len(step1_lines()) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = traj.read_text().splitlines()
+    assert [r["step"] for r in read_metrics(run)] == [0]
+    done_before = GroupLedger(run / "ledger.jsonl").counts(1)["done"]
+
+    out = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert "resumed" in out.stdout
+    assert traj.read_text().splitlines()[: len(before)] == before  # nothing finished was lost or rewritten
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    # Groups of step 1 completed before the kill were reused, not sampled again.
+    complete = defaultdict(int)
+    for line in before:
+        rec = json.loads(line)
+        if rec["meta"]["step"] == 1:
+            complete[rec["group_id"]] += 1
+    reused = sum(n for n in complete.values() if n == 2)
+    assert rows[1]["episodes/reused"] == reused and reused >= 2 and done_before >= reused // 2
+    ledger = GroupLedger(run / "ledger.jsonl")
+    for step in range(3):
+        c = ledger.check(step, settled=True)
+        assert c["trained"] == 4 and c["dropped"] == 0, c
+    trained = [t for t in read_trajectories(run) if t.meta.step == 1]
+    ids = [t.meta.episode_id for t in trained]
+    assert len(ids) == len(set(ids))
+
+
+async def test_a_cluster_without_the_roles_resources_is_refused(cluster, tmp_path):
+    cfg, run = new_run(config(tmp_path, learners=3))
+    with pytest.raises(Exception, match=r"lacks custom resources \(learner: has 2, needs 3\)"):
+        async with ray_runtime(cfg, run, RayOptions(policy_factory=ScriptedTIRFactory())):
+            pass
+
+
+def test_weights_checksums_match_over_shared_disk(tmp_path):
+    import torch
+
+    from agentrl.trainers.distributed import SharedDiskTransport
+
+    t = SharedDiskTransport(tmp_path / "w")
+    w = torch.ones(3)
+    state = {"a.weight": w, "tied.weight": w}  # tied parameters share storage
+    refs = [t.put(v, state) for v in range(3)]
+    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == [
+        "weights-v000001.safetensors",
+        "weights-v000002.safetensors",
+    ]
+    back = t.get(refs[-1])
+    assert weights_checksum(back) == refs[-1].checksum == weights_checksum(state)
+    assert dataclasses.asdict(refs[-1])["version"] == 2
+
+
+async def test_two_learners_shard_the_model_with_fsdp_and_checkpoint_it(cluster, tmp_path):
+    from agentrl.checkpoint import load_checkpoint
+
+    cfg, run = new_run(config(tmp_path, learners=2))
+    opts = RayOptions(policy_factory=ScriptedTIRFactory())
+    async with ray_runtime(cfg, run, opts) as rt:
+        start = rt.learner_checksum
+        groups, _ = await Rollout(rt, cfg).finish()
+        metrics = await finish_step(rt, groups, 1)  # every server holds the gathered full weights
+        assert rt.learner_checksum != start and metrics["learn/grad_norm"] > 0
+        await rt.save_checkpoint(run, 1, keep=2)
+        trained = rt.learner_checksum
+    # The sharded learner wrote a plain checkpoint: it loads into an unsharded model, bit for bit.
+    plain = resolve_model(pg.model_spec(cfg), tokenizer=False).model
+    assert load_checkpoint(RunDir(run.path).require_checkpoint(1), model=plain).step == 1
+    assert weights_checksum(plain.state_dict()) == trained
+    # And a resumed learner group starts from it (weights and optimizer state).
+    async with ray_runtime(dataclasses.replace(cfg, resume=str(run.path)), run, opts) as rt:
+        assert rt.start_step == 1 and rt.version == 1 and rt.learner_checksum == trained

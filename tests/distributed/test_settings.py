@@ -1,0 +1,44 @@
+"""The Ray settings of `agentrl train` and the single-process path without Ray (no cluster needed)."""
+
+import sys
+
+import pytest
+
+from agentrl.errors import ConfigError
+from agentrl.trainers.cli import main as cli_main
+from agentrl.trainers.pg import TrainConfig, open_runtime, prepare_run
+
+
+def test_ray_settings_need_ray(capsys):
+    for flags in (["--rollout-workers", "2"], ["--learners", "2"], ["--weights-dir", "/tmp/w"]):
+        assert cli_main(["train", "--model", "tiny", *flags]) == 2
+        err = capsys.readouterr().err
+        assert "only apply with --ray (local, auto or ray://host:port)" in err, err
+    assert cli_main(["train", "--model", "tiny", "--ray", "local", "--learners", "0"]) == 2
+    assert "--learners must be a positive integer, got 0" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="cannot be combined with --ray"):
+        TrainConfig(ray="local", agent="agent.py:run")
+
+
+def test_a_resume_may_move_to_ray_but_not_change_the_experiment(tmp_path):
+    _, run = prepare_run(TrainConfig(model="tiny", out=str(tmp_path / "r")))
+    moved, _ = prepare_run(TrainConfig(model="tiny", resume=str(run.path), ray="auto", rollout_workers=4))
+    assert moved.ray == "auto" and moved.rollout_workers == 4
+    with pytest.raises(ConfigError, match=r"cannot change \['group_size'\]"):
+        prepare_run(TrainConfig(model="tiny", resume=str(run.path), ray="auto", group_size=8))
+
+
+async def test_without_ray_installed_the_error_says_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray now fails as if it were not installed
+    cfg, run = prepare_run(TrainConfig(model="tiny", out=str(tmp_path / "r"), ray="local"))
+    with pytest.raises(ConfigError, match=r"pip install 'agentrl\[ray\]' \(or run without --ray\)"):
+        async with open_runtime(cfg, run):
+            pass
+
+
+async def test_a_bad_address_is_refused(tmp_path):
+    pytest.importorskip("ray")
+    from agentrl.trainers.distributed.runtime import RayOptions, connect
+
+    with pytest.raises(ConfigError, match="give local, auto, ray://host:port"):
+        connect("nowhere", TrainConfig(), RayOptions())

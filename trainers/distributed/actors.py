@@ -1,0 +1,327 @@
+"""The Ray actors of a distributed run: inference servers, the load balancer, rollout workers.
+
+The classes here are plain Python; :mod:`agentrl.trainers.distributed.runtime` turns them into actors with
+``ray.remote`` (and the placement options of each role), so this module imports Ray only where a running
+actor needs it.
+
+* :class:`InferenceServer` wraps any :class:`~agentrl.protocols.UpdatablePolicy` (the HF engine, vLLM, a
+  scripted one) behind the token-in/token-out :class:`~agentrl.protocols.Generation` contract (sampled ids,
+  the sampler's log-probs, the weights version). Before it serves its first request, and whenever the
+  controller asks, it pulls the newest weights from the broker, so a restarted server never samples with
+  stale weights.
+* :class:`LoadBalancer` gives each *episode* the server with the fewest episodes in flight; all turns of the
+  episode go to that server (sticky), which keeps a server's prefix cache useful.
+* :class:`RolloutWorker` runs whole groups (many episodes at once) with a sandbox pool on its own node, and
+  stamps every trajectory with who produced it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl.chat import ChatRenderer
+from agentrl.episode import run_episode
+from agentrl.errors import ConfigError, PolicyError
+from agentrl.protocols import Generation, Sampling, UpdatablePolicy, WeightSink, WeightUpdate
+from agentrl.trainers.distributed.weights import WeightRef, WeightTransport
+from agentrl.types import StopReason, Trajectory, TrajectoryMeta
+from agentrl.weights import weights_checksum
+
+__all__ = [
+    "GroupLease",
+    "GroupResult",
+    "InferenceServer",
+    "LoadBalancer",
+    "PolicyFactory",
+    "RolloutWorker",
+    "ServerState",
+    "hf_policy_factory",
+]
+
+PolicyFactory = Callable[[Any, int], UpdatablePolicy]
+"""``factory(train_config, version) -> UpdatablePolicy``: builds the sampler inside a server process."""
+
+
+def hf_policy_factory(cfg: Any, version: int) -> UpdatablePolicy:
+    """The sampler ``agentrl train`` would use in one process (HF on CPU/GPU, or vLLM with
+    ``--policy vllm``), built from the run's model spec."""
+    from agentrl.models import resolve_model
+    from agentrl.trainers import pg
+
+    loaded = resolve_model(pg.model_spec(cfg))
+    renderer = ChatRenderer(loaded.tokenizer)
+    return pg.make_policy(cfg, loaded.model, loaded.tokenizer, renderer, loaded.device, version=version)
+
+
+def _node() -> str:
+    try:
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())[:12]
+    except Exception:  # outside Ray (unit use): the host is the node
+        return socket.gethostname()
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """What a server reports after a sync."""
+
+    name: str
+    """The server's name (``server-<k>``)."""
+    version: int
+    """Version of the weights it samples with."""
+    checksum: str
+    """:func:`agentrl.weights_checksum` of the weights it holds (its model's own tensors when the policy
+    exposes its model, else the tensors it loaded)."""
+    node: str
+    """Ray node id it runs on."""
+    starts: int
+    """How many times this server has been started by this process's Ray (1 = never restarted)."""
+
+
+class InferenceServer:
+    """One inference server: an :class:`~agentrl.protocols.UpdatablePolicy` behind Ray calls."""
+
+    def __init__(self, name: str, factory: PolicyFactory, cfg: Any, broker: Any, transport: WeightTransport):
+        policy = factory(cfg, 0)
+        if not isinstance(policy, WeightSink):
+            raise ConfigError(
+                f"{type(policy).__name__} cannot take weights (it is not a WeightSink): an external "
+                "OpenAI-compatible endpoint can evaluate but not train; serve the model with agentrl's HF or "
+                "vLLM policy for training"
+            )
+        self.name, self.policy, self.broker, self.transport = name, policy, broker, transport
+        self.checksum = ""
+        self.node = _node()
+        self._lock = asyncio.Lock()
+        self._synced = False
+        self.starts = 0
+
+    async def sync(self) -> ServerState:
+        """Pull the newest weights from the broker and load them (a no-op when already current)."""
+        async with self._lock:
+            if not self.starts:
+                self.starts = await self.broker.started.remote(self.name)
+            ref: WeightRef | None = await self.broker.latest.remote()
+            if ref is not None and (
+                not self._synced or ref.version > self.policy.version or not self.checksum
+            ):
+                tensors = await asyncio.to_thread(self.transport.get, ref)
+                await self.policy.load_weights(WeightUpdate(ref.version, tensors))
+                self.checksum = await asyncio.to_thread(self._held_checksum, tensors)
+            self._synced = True
+            return self.state()
+
+    def _held_checksum(self, loaded: dict[str, Any]) -> str:
+        model = getattr(self.policy, "model", None)
+        if model is not None and hasattr(model, "state_dict"):
+            own = model.state_dict()
+            return weights_checksum({k: own[k] for k in loaded if k in own})
+        return weights_checksum(loaded)
+
+    def state(self) -> ServerState:
+        """The server's version and checksum now."""
+        return ServerState(self.name, self.policy.version, self.checksum, self.node, self.starts)
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        """Sample one turn (token ids in, :class:`Generation` out)."""
+        if not self._synced:
+            await self.sync()
+        return await self.policy.generate(prompt_ids, sampling)
+
+
+class LoadBalancer:
+    """Picks the server with the fewest episodes in flight; the episode keeps it (sticky)."""
+
+    def __init__(self, n_servers: int):
+        if n_servers < 1:
+            raise ConfigError("the load balancer needs at least one inference server")
+        self.in_flight = [0] * n_servers
+
+    def acquire(self, exclude: int | None = None) -> int:
+        """A server index for a new episode (not ``exclude`` unless it is the only server)."""
+        choices = [i for i in range(len(self.in_flight)) if i != exclude] or [0]
+        i = min(choices, key=self.in_flight.__getitem__)
+        self.in_flight[i] += 1
+        return i
+
+    def release(self, index: int) -> None:
+        """The episode on server ``index`` ended."""
+        self.in_flight[index] = max(self.in_flight[index] - 1, 0)
+
+    def loads(self) -> list[int]:
+        """Episodes in flight per server."""
+        return list(self.in_flight)
+
+
+class _ServerPolicy:
+    """The :class:`~agentrl.protocols.Policy` one episode sees: every turn goes to one server (sticky). When
+    that server dies or is restarting, the turn fails over to the least-loaded other server (the same one
+    after a pause when it is the only one), a few times at most."""
+
+    def __init__(self, servers: Sequence[Any], balancer: Any, index: int, failovers: int = 3):
+        self.servers, self.balancer, self.index = servers, balancer, index
+        self.max_failovers = failovers
+        self.failovers = 0
+        self._version = 0
+        self.lost = False
+        """No server answered after the failovers (the episode is retried or becomes an infra failure)."""
+
+    @property
+    def name(self) -> str:
+        return f"server-{self.index}"
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        from ray.exceptions import RayActorError
+
+        while True:
+            try:
+                gen: Generation = await self.servers[self.index].generate.remote(tuple(prompt_ids), sampling)
+                break
+            except RayActorError as e:
+                if self.failovers >= self.max_failovers:
+                    self.lost = True
+                    raise PolicyError(f"inference server {self.name} died during a request: {e}") from e
+                self.failovers += 1
+                await asyncio.sleep(0.5 * self.failovers)  # a restarting server needs a moment
+                old = self.index
+                self.index = await self.balancer.acquire.remote(exclude=old)
+                self.balancer.release.remote(old)
+        self._version = gen.policy_version
+        return gen
+
+
+@dataclass(frozen=True)
+class GroupLease:
+    """One group as the controller hands it to a worker."""
+
+    step: int
+    """Training step."""
+    seed: int
+    """Task seed."""
+    group_id: str
+    """The id of this attempt (see :mod:`agentrl.trainers.distributed.ledger`)."""
+    group_size: int
+    """Episodes to run."""
+    meta: TrajectoryMeta
+    """Base identity for every member (env id, step, policy version)."""
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """A worker's finished group."""
+
+    lease: GroupLease
+    """What was asked."""
+    trajectories: tuple[Trajectory, ...]
+    """The members, in the order they finished."""
+    worker: str
+    """The worker that ran it."""
+
+
+class RolloutWorker:
+    """Runs groups of episodes with a node-local sandbox pool; many groups at once."""
+
+    def __init__(
+        self,
+        name: str,
+        cfg: Any,
+        servers: Sequence[Any],
+        balancer: Any,
+        setup: Callable[[], None] | None = None,
+        episode_retries: int = 2,
+    ):
+        from agentrl.models import resolve_tokenizer
+
+        if setup is not None:
+            setup()
+        self.name, self.cfg, self.servers, self.balancer = name, cfg, list(servers), balancer
+        self.episode_retries = episode_retries
+        self.renderer = ChatRenderer(resolve_tokenizer(cfg.model))
+        self.node = _node()
+        self.pool_id = f"{name}@{self.node}/pid{os.getpid()}"
+        self._pool: Any = None
+        self._make_env: Callable[[], Any] | None = None
+        self._limit = asyncio.Semaphore(cfg.rollout.concurrency)
+
+    async def _env_factory(self) -> Callable[[], Any]:
+        if self._make_env is None:
+            from agentrl.sandbox import LocalSandbox, SandboxPool
+            from agentrl.trainers import pg
+
+            conc = self.cfg.rollout.concurrency
+            self._pool = await SandboxPool(LocalSandbox, size=conc, max_waiting=4 * conc).__aenter__()
+            self._make_env = pg._env_factory(self.cfg, self._pool)
+        return self._make_env
+
+    async def close(self) -> None:
+        """Close the sandbox pool."""
+        if self._pool is not None:
+            await self._pool.close()
+
+    def where(self) -> str:
+        """The node this worker runs on."""
+        return self.node
+
+    async def run_group(self, lease: GroupLease) -> GroupResult:
+        """Run every member of ``lease`` concurrently and return the group."""
+        make_env = await self._env_factory()
+        finished: list[Trajectory] = []
+
+        async def member(m: int) -> None:
+            async with self._limit:
+                finished.append(await self._episode(make_env, lease, m))
+
+        await asyncio.gather(*(member(m) for m in range(lease.group_size)))
+        return GroupResult(lease, tuple(finished), self.name)
+
+    async def _episode(self, make_env: Callable[[], Any], lease: GroupLease, member: int) -> Trajectory:
+        meta = dataclasses.replace(
+            lease.meta,
+            seed=lease.seed,
+            task_id=f"{lease.meta.env_id}:{lease.seed}",
+            group_id=lease.group_id,
+            episode_id=f"{lease.group_id}-m{member}",
+        )
+        from agentrl.trainers.pg import rollout_config
+
+        rollout = rollout_config(self.cfg, int(meta.step or 0))  # the step's seed, as single-process
+        for attempt in range(self.episode_retries + 1):
+            index: int = await self.balancer.acquire.remote()
+            policy = _ServerPolicy(self.servers, self.balancer, index)
+            env = make_env()
+            try:
+                traj = await run_episode(
+                    env, policy, self.renderer, rollout, seed=lease.seed, meta=meta, member=member
+                )
+            finally:
+                await env.close()
+                self.balancer.release.remote(policy.index)
+            if (
+                not (policy.lost and traj.stop_reason is StopReason.POLICY_ERROR)
+                or attempt == self.episode_retries
+            ):
+                break  # a lost server's episode starts over on another server, a few times at most
+        provenance = {
+            "worker": self.name,
+            "server": policy.name,
+            "node": self.node,
+            "sandbox_pool": self.pool_id,
+        }
+        if attempt:
+            provenance["episode_attempts"] = str(attempt + 1)
+        if policy.failovers:
+            provenance["server_failovers"] = str(policy.failovers)
+        return dataclasses.replace(
+            traj, meta=dataclasses.replace(traj.meta, extra={**traj.meta.extra, **provenance})
+        )

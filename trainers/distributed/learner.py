@@ -1,0 +1,200 @@
+"""The learner group: one or more learner actors in a placement group (``learner`` resources).
+
+With one learner the actor is the single-process trainer's learner, unchanged (same model, same
+:func:`~agentrl.update.policy_update`), so a Ray run with one learner trains exactly like a local one. With
+``N > 1`` the actors form a ``torch.distributed`` process group (gloo on CPU, NCCL on GPU) and shard the
+model with FSDP2 (:func:`agentrl.learner.wrap_fsdp`); each rank takes whole groups of the batch (the
+estimators' baselines stay within a group) and the learner's normalisers are reduced over ranks. Publishing
+and checkpointing gather the full state dict on every rank; rank 0 writes it.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from agentrl.groups import TrajectoryGroup
+from agentrl.run import RunDir
+from agentrl.trainers.distributed.weights import WeightRef, WeightTransport
+
+__all__ = ["LearnerActor", "free_port", "shard_groups"]
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (for the process group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def shard_groups(groups: Sequence[TrajectoryGroup], ranks: int) -> list[list[TrajectoryGroup]]:
+    """Whole groups dealt round-robin to ``ranks`` shards (a group never spans ranks)."""
+    shards: list[list[TrajectoryGroup]] = [[] for _ in range(ranks)]
+    for i, g in enumerate(groups):
+        shards[i % ranks].append(g)
+    return shards
+
+
+class LearnerActor:
+    """One rank of the learner group."""
+
+    def __init__(self, rank: int, world: int, cfg: Any):
+        self.rank, self.world, self.cfg = rank, world, cfg
+        self.model: Any = None
+        self.learner: Any = None
+        self.tokenizer: Any = None
+        self.pad_id = 0
+
+    def address(self) -> tuple[str, int]:
+        """Where rank 0 listens for the process group (call on rank 0)."""
+        return socket.gethostbyname(socket.gethostname()), free_port()
+
+    def setup(self, master: tuple[str, int] | None) -> None:
+        """Load the model, join the process group when ``world > 1``, build the learner."""
+        import os
+
+        import torch
+
+        from agentrl.chat import ChatRenderer
+        from agentrl.learner import Learner, wrap_fsdp
+        from agentrl.models import resolve_model
+        from agentrl.trainers import pg
+
+        torch.manual_seed(self.cfg.seed)
+        loaded = resolve_model(pg.model_spec(self.cfg))
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        self.pad_id = pg.tokenizer_pad_id(ChatRenderer(loaded.tokenizer))
+        if self.world > 1:
+            import torch.distributed as dist
+
+            assert master is not None
+            os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
+            backend = "nccl" if loaded.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, rank=self.rank, world_size=self.world)
+            self.model = wrap_fsdp(self.model)
+        self.learner = Learner(self.model, self.cfg.learner)
+
+    def load_checkpoint(self, run_path: str) -> int:
+        """Load the run's newest checkpoint (weights and optimizer); return its step (0 when none)."""
+        from agentrl.checkpoint import load_checkpoint
+
+        ckpt = RunDir(run_path).latest_checkpoint()
+        if ckpt is None:
+            return 0
+        if self.world == 1:
+            return load_checkpoint(ckpt, model=self.model, optimizer=self.learner.optimizer).step
+        return self._load_sharded(ckpt)
+
+    def update(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+        """One :func:`~agentrl.update.policy_update` on this rank's groups; its metrics."""
+        from agentrl.update import policy_update
+
+        return policy_update(self.learner, groups, estimator=self.cfg.estimator, pad_id=self.pad_id).metrics
+
+    def _full_state(self) -> dict[str, Any]:
+        if self.world == 1:
+            return dict(self.model.state_dict())
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        # A collective: every rank takes part; each gets the full tensors on CPU.
+        return dict(
+            get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        )
+
+    def publish(self, version: int, transport: WeightTransport) -> WeightRef | None:
+        """Publish the current weights as ``version`` (rank 0 returns the ref; other ranks None)."""
+        state = self._full_state()
+        return transport.put(version, state) if self.rank == 0 else None
+
+    def save_checkpoint(self, run_path: str, step: int, keep: int) -> None:
+        """Write ``checkpoints/step-<step>`` (rank 0 writes; every rank joins the gathers)."""
+        from agentrl.checkpoint import CheckpointState, save_checkpoint
+
+        state = CheckpointState(step, step, {"next_step": step})
+        if self.world == 1:
+            save_checkpoint(
+                RunDir(run_path),
+                model=self.model,
+                optimizer=self.learner.optimizer,
+                tokenizer=self.tokenizer,
+                state=state,
+                keep=keep,
+                older=self.cfg.older_checkpoints,
+            )
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        full = self._full_state()
+        optim = get_optimizer_state_dict(
+            self.model,
+            self.learner.optimizer,
+            options=StateDictOptions(full_state_dict=True, cpu_offload=True),
+        )
+        if self.rank == 0:
+            save_checkpoint(
+                RunDir(run_path),
+                model=_Plain(self.cfg, full),
+                optimizer=_Saved(optim),
+                tokenizer=self.tokenizer,
+                state=state,
+                keep=keep,
+                older=self.cfg.older_checkpoints,
+            )
+        import torch.distributed as dist
+
+        dist.barrier()
+
+    def _load_sharded(self, ckpt: Any) -> int:
+        import torch
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        from agentrl.checkpoint import load_checkpoint
+
+        plain = _plain_model(self.cfg)
+        step = load_checkpoint(ckpt, model=plain).step
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
+        set_model_state_dict(self.model, plain.state_dict(), options=opts)
+        optim = torch.load(ckpt.path / "optimizer.pt", weights_only=False)
+        set_optimizer_state_dict(self.model, self.learner.optimizer, optim, options=opts)
+        return step
+
+    def shutdown(self) -> None:
+        """Leave the process group."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def _plain_model(cfg: Any) -> Any:
+    from agentrl.models import resolve_model
+    from agentrl.trainers import pg
+
+    return resolve_model(pg.model_spec(cfg), tokenizer=False).model
+
+
+class _Plain:
+    """An unsharded copy of the model holding ``state`` (for ``save_pretrained``)."""
+
+    def __init__(self, cfg: Any, state: dict[str, Any]):
+        self.model = _plain_model(cfg)
+        self.model.load_state_dict(state)
+
+    def save_pretrained(self, *args: Any, **kwargs: Any) -> None:
+        self.model.save_pretrained(*args, **kwargs)
+
+
+class _Saved:
+    """An optimizer's state dict already gathered (what ``save_checkpoint`` asks of an optimizer)."""
+
+    def __init__(self, state: dict[str, Any]):
+        self._state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._state

@@ -1,0 +1,430 @@
+"""The Ray runtime: the controller (this driver process) and the actors it runs.
+
+::
+
+    driver / controller ── ledger.jsonl, trajectories.jsonl, metrics.jsonl (the run directory)
+      │  lease groups                          ▲ GroupResult (whole groups)
+      ▼                                        │
+    RolloutWorker × N (rollout + sandbox resources; a sandbox pool each)
+      │  per episode: LoadBalancer.acquire → one InferenceServer for all its turns
+      ▼
+    InferenceServer × N (inference; any UpdatablePolicy) ◀── WeightBroker ◀── LearnerActor × N
+                                                             (newest WeightRef)  (learner; placement group)
+
+Faults. A worker that dies (actor killed, node gone) fails its calls with ``RayActorError``: the controller
+releases its leases (the groups go back to pending, under a new attempt id), starts a replacement worker and
+carries on; a lease past its deadline is released the same way. Inference servers restart (Ray
+``max_restarts``) and pull the newest weights before serving; an episode whose server died is run again on
+another server, or recorded as an infrastructure failure (never reward 0). The ledger file lets ``--resume``
+pick up after the driver itself was killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl.errors import ConfigError, InfraError
+from agentrl.groups import TrajectoryGroup
+from agentrl.rollout import EpisodeDone
+from agentrl.run import RunDir
+from agentrl.trainers.distributed.actors import (
+    GroupLease,
+    GroupResult,
+    InferenceServer,
+    LoadBalancer,
+    PolicyFactory,
+    RolloutWorker,
+    ServerState,
+    hf_policy_factory,
+)
+from agentrl.trainers.distributed.learner import LearnerActor, shard_groups
+from agentrl.trainers.distributed.ledger import LEDGER_FILE, GroupKey, GroupLedger
+from agentrl.trainers.distributed.weights import WeightBroker, WeightRef, make_transport
+from agentrl.types import TrajectoryMeta
+
+__all__ = ["RESOURCES", "RayOptions", "RayRuntime", "connect", "ray_runtime", "require_ray"]
+
+RESOURCES = ("rollout", "sandbox", "inference", "learner")
+"""Custom resources that place the roles: a rollout worker takes 1 ``rollout`` and 1 ``sandbox``, an
+inference server 1 ``inference``, a learner 1 ``learner``. Nodes offer them with ``ray start --resources``."""
+
+
+def require_ray() -> Any:
+    """Import Ray, or say how to get it."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(
+            "--ray needs Ray, which is not installed: pip install 'agentrl[ray]' (or run without --ray)"
+        ) from None
+    return ray
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Settings of the Ray runtime that are not part of the experiment (tests and benchmarks set them)."""
+
+    policy_factory: PolicyFactory = hf_policy_factory
+    """Builds each server's sampler (default: the HF/vLLM policy the single-process trainer would use)."""
+    worker_setup: Callable[[], None] | None = None
+    """Run in each rollout worker before anything else (e.g. register an environment)."""
+    weights: str = "object_store"
+    """Weight transport: ``object_store`` or ``shared_disk``."""
+    weights_dir: str | None = None
+    """Folder every node mounts, for ``shared_disk``."""
+    lease_s: float = 600.0
+    """Seconds a worker may hold a group before it is given to another."""
+    max_attempts: int = 3
+    """Attempts per group before it is dropped."""
+    server_restarts: int = 3
+    """How often Ray restarts a dead inference server."""
+    max_replacements: int = 16
+    """Rollout workers the controller may start in place of dead ones over a run."""
+    local_cpus: int = 2
+    """CPUs of the Ray instance ``--ray local`` starts."""
+    gpus_per_actor: float | None = None
+    """GPUs each learner and inference server reserves (Ray hides GPUs from actors that reserve none).
+    None: 0.5 with ``--device cuda`` (a server and a learner share one GPU), else 0."""
+
+    def gpus(self, cfg: Any) -> float:
+        """The GPUs a learner or server reserves for ``cfg``."""
+        if self.gpus_per_actor is not None:
+            return self.gpus_per_actor
+        return 0.5 if str(cfg.device).startswith("cuda") else 0.0
+
+
+def connect(address: str, cfg: Any, opts: RayOptions) -> bool:
+    """Join or start Ray for ``address`` (``local``, ``auto`` or ``ray://host:port``); True when this call
+    started it (and so must shut it down). An already initialised Ray (a test's cluster) is used as is."""
+    ray = require_ray()
+    if ray.is_initialized():
+        return False
+    if address == "local":
+        res = {
+            "rollout": cfg.rollout_workers + 1,  # + 1: room for a replacement worker
+            "sandbox": cfg.rollout_workers + 1,
+            "inference": cfg.inference_servers,
+            "learner": cfg.learners,
+        }
+        ray.init(num_cpus=opts.local_cpus, resources=res, include_dashboard=False, log_to_driver=False)
+    elif address == "auto" or address.startswith("ray://") or re.fullmatch(r"[\w.\-]+:\d+", address):
+        ray.init(address=address, log_to_driver=False)
+    else:
+        raise ConfigError(f"--ray {address!r}: give local, auto, ray://host:port or a head's host:port")
+    return True
+
+
+def _check_resources(ray: Any, cfg: Any) -> None:
+    have = ray.cluster_resources()
+    need = {"rollout": 1, "sandbox": 1, "inference": cfg.inference_servers, "learner": cfg.learners}
+    short = {k: (have.get(k, 0), v) for k, v in need.items() if have.get(k, 0) < v}
+    if short:
+        lines = ", ".join(f"{k}: has {h:g}, needs {n}" for k, (h, n) in short.items())
+        raise ConfigError(
+            f"the Ray cluster lacks custom resources ({lines}); start nodes with e.g. "
+            'ray start --resources=\'{"rollout": 2, "sandbox": 2}\' (see docs/distributed.md)'
+        )
+
+
+class RayRuntime:
+    """The :class:`~agentrl.trainers.runtime.TrainRuntime` on a Ray cluster (built by :func:`ray_runtime`)."""
+
+    def __init__(self, ray: Any, cfg: Any, run: RunDir, opts: RayOptions):
+        self.ray, self.cfg, self.run, self.opts = ray, cfg, run, opts
+        self.ledger = GroupLedger(
+            run.path / LEDGER_FILE, lease_s=opts.lease_s, max_attempts=opts.max_attempts
+        )
+        self.transport = make_transport(opts.weights, opts.weights_dir)
+        self.broker: Any = None
+        self.learners: list[Any] = []
+        self.placement: Any = None
+        self.servers: list[Any] = []
+        self.balancer: Any = None
+        self.workers: dict[str, Any] = {}
+        self._worker_count = 0
+        self._start = 0
+        self._version = 0
+        self.replaced_workers = 0
+        self.last_sync: list[ServerState] = []
+        self.learner_checksum = ""
+        self._all_infra: set[GroupKey] = set()
+        self.sync_s = 0.0
+        """Seconds the last weight sync took (publish, every server loaded and checked)."""
+
+    # --- construction -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the broker, learner group, servers, balancer and workers; publish the starting weights."""
+        ray, cfg = self.ray, self.cfg
+        _check_resources(ray, cfg)
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import (
+            NodeAffinitySchedulingStrategy,
+            PlacementGroupSchedulingStrategy,
+        )
+
+        # The broker and the balancer live on the driver's node: if that node goes, the run goes anyway.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.broker = ray.remote(WeightBroker).options(num_cpus=0, scheduling_strategy=here).remote()
+        gpus = self.opts.gpus(cfg)
+        bundle = {"learner": 1.0, **({"GPU": gpus} if gpus else {})}
+        self.placement = placement_group([bundle] * cfg.learners, strategy="PACK")
+        await self.placement.ready()
+        actor = ray.remote(LearnerActor)
+        self.learners = [
+            actor.options(
+                num_cpus=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.placement, placement_group_bundle_index=r
+                ),
+                resources={"learner": 1},
+                num_gpus=gpus,
+            ).remote(r, cfg.learners, cfg)
+            for r in range(cfg.learners)
+        ]
+        master = await self.learners[0].address.remote() if cfg.learners > 1 else None
+        await asyncio.gather(*(lrn.setup.remote(master) for lrn in self.learners))
+        steps = await asyncio.gather(
+            *(lrn.load_checkpoint.remote(str(self.run.path)) for lrn in self.learners)
+        )
+        self._start = self._version = int(steps[0])
+        self.ledger.rewind(self._start)
+        if self._start:
+            print(f"resumed {self.run.path} at step {self._start} (Ray learner group of {cfg.learners})")
+        server = ray.remote(InferenceServer)
+        self.servers = [
+            server.options(
+                num_cpus=0,
+                num_gpus=gpus,
+                resources={"inference": 1},
+                max_restarts=self.opts.server_restarts,
+                max_task_retries=0,
+            ).remote(f"server-{k}", self.opts.policy_factory, cfg, self.broker, self.transport)
+            for k in range(cfg.inference_servers)
+        ]
+        self.balancer = (
+            ray.remote(LoadBalancer)
+            .options(num_cpus=0, scheduling_strategy=here)
+            .remote(cfg.inference_servers)
+        )
+        for _ in range(cfg.rollout_workers):
+            self._spawn_worker()
+        await asyncio.gather(*(w.where.remote() for w in self.workers.values()))  # all alive before leasing
+        await self.publish(self._start)
+
+    def _spawn_worker(self) -> str:
+        name = f"worker-{self._worker_count}"
+        self._worker_count += 1
+        self.workers[name] = (
+            self.ray.remote(RolloutWorker)
+            .options(num_cpus=0, resources={"rollout": 1, "sandbox": 1}, max_concurrency=10_000)
+            .remote(name, self.cfg, self.servers, self.balancer, self.opts.worker_setup)
+        )
+        return name
+
+    async def close(self) -> None:
+        """Stop every actor and the placement group; close the ledger."""
+        ray = self.ray
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*(w.close.remote() for w in self.workers.values())), 10)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*(lrn.shutdown.remote() for lrn in self.learners)), 10)
+        for a in [*self.workers.values(), *self.servers, *self.learners, self.balancer, self.broker]:
+            if a is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(a, no_restart=True)
+        if self.placement is not None:
+            with contextlib.suppress(Exception):
+                ray.util.remove_placement_group(self.placement)
+        self.ledger.close()
+
+    # --- TrainRuntime ---------------------------------------------------------------------------------
+    @property
+    def start_step(self) -> int:
+        """The step of the checkpoint the learner group loaded (0 for a new run)."""
+        return self._start
+
+    @property
+    def version(self) -> int:
+        """The weights version every server reported at the last sync."""
+        return self._version
+
+    async def run_groups(
+        self, *, seeds: Iterable[int], group_size: int, meta: TrajectoryMeta
+    ) -> AsyncIterator[EpisodeDone]:
+        """Lease the step's groups to the workers and yield every episode of each group that comes back
+        (the ledger discards late duplicates); re-lease groups of dead workers and expired leases."""
+        from ray.exceptions import RayActorError, RayTaskError
+
+        step = int(meta.step or 0)
+        keys = set(self.ledger.issue(step, list(seeds)))
+        slots = max(1, -(-self.cfg.rollout.concurrency // group_size)) + 1
+        busy = dict.fromkeys(self.workers, 0)  # workers known to be alive -> groups they hold
+        running: dict[asyncio.Future[Any], tuple[GroupKey, str, str, Any]] = {}
+        starting: dict[asyncio.Future[Any], str] = {}  # replacements: leased to only once they answer
+
+        def replace_worker(dead: str) -> None:
+            if dead in self.workers:
+                del self.workers[dead]
+                busy.pop(dead, None)
+                if self.replaced_workers >= self.opts.max_replacements:
+                    raise InfraError(f"{self.replaced_workers} rollout workers replaced; giving up")
+                self.replaced_workers += 1
+                new = self._spawn_worker()
+                starting[asyncio.wrap_future(self.workers[new].where.remote().future())] = new
+
+        try:
+            while True:
+                for e in self.ledger.expired():
+                    if e.key in keys:
+                        self.ledger.release(e.key, e.group_id, f"lease expired on {e.worker}")
+                for name in list(busy):
+                    while busy.get(name, slots) < slots and (e := self.ledger.lease(name)) is not None:
+                        lease = GroupLease(e.step, e.seed, e.group_id, group_size, meta)
+                        ref = self.workers[name].run_group.remote(lease)
+                        running[asyncio.wrap_future(ref.future())] = (e.key, e.group_id, name, ref)
+                        busy[name] += 1
+                states = [self.ledger.entries[k].state.value for k in keys]
+                if all(s in ("done", "dropped", "trained") for s in states):
+                    return
+                if not running and not starting:
+                    if not busy:
+                        raise InfraError("no rollout worker is alive and none could be started")
+                    await asyncio.sleep(0.05)  # leases held by nobody we know: wait for their expiry
+                    continue
+                finished, _ = await asyncio.wait(
+                    [*running, *starting], timeout=0.5, return_when=asyncio.FIRST_COMPLETED
+                )
+                for fut in finished:
+                    if fut in starting:
+                        name = starting.pop(fut)
+                        if fut.exception() is None:
+                            busy[name] = 0
+                        else:  # it died before it served (e.g. placed on a node that was going away)
+                            replace_worker(name)
+                        continue
+                    key, gid, name, _ref = running.pop(fut)
+                    if name in busy:
+                        busy[name] -= 1
+                    try:
+                        result: GroupResult = fut.result()
+                    except RayTaskError as err:  # the worker is alive but raised (a call of its own failed)
+                        self.ledger.release(key, gid, f"{name} failed: {str(err).splitlines()[0]}"[:300])
+                        continue
+                    except RayActorError as err:
+                        self.ledger.release(key, gid, f"{name} died: {type(err).__name__}")
+                        replace_worker(name)
+                        continue
+                    except Exception as err:  # the worker raised: a bug or an infra fault, not the model's
+                        self.ledger.release(key, gid, f"{name} failed: {type(err).__name__}: {err}"[:300])
+                        continue
+                    if not self.ledger.complete(key, gid):
+                        continue  # a late result of an attempt that lost its lease: never trained on
+                    trajs = result.trajectories
+                    if all(t.infra_failure for t in trajs):
+                        self._all_infra.add(key)
+                    for i, t in enumerate(trajs):
+                        yield EpisodeDone(t, TrajectoryGroup(trajs) if i == len(trajs) - 1 else None)
+        finally:
+            for fut, (key, gid, _name, ref) in running.items():
+                fut.cancel()
+                with contextlib.suppress(Exception):
+                    self.ray.cancel(ref)
+                self.ledger.release(key, gid, "cancelled")
+
+    async def update(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+        """Deal the groups to the learner ranks and step; rank 0's metrics plus the controller's."""
+        if len(groups) < len(self.learners):
+            raise ConfigError(
+                f"{len(groups)} usable groups cannot feed {len(self.learners)} learners; lower --learners "
+                "or raise --groups-per-step"
+            )
+        shards = shard_groups(groups, len(self.learners))
+        out = await asyncio.gather(
+            *(lrn.update.remote(s) for lrn, s in zip(self.learners, shards, strict=True))
+        )
+        metrics: dict[str, float] = dict(out[0])
+        step = groups[0][0].meta.step
+        metrics.update(self.metrics(int(step or 0)))
+        return metrics
+
+    async def publish(self, version: int) -> None:
+        """Close the step in the ledger, publish the learner's weights as ``version``, sync every server,
+        and check that each holds exactly the learner's weights."""
+        t0 = time.perf_counter()
+        self._settle(version - 1)
+        refs = await asyncio.gather(*(lrn.publish.remote(version, self.transport) for lrn in self.learners))
+        ref: WeightRef = refs[0]
+        await self.broker.set.remote(ref)
+        states: list[ServerState] = list(await asyncio.gather(*(self._sync(s) for s in self.servers)))
+        bad = [s for s in states if s.version != version or s.checksum != ref.checksum]
+        if bad:
+            raise ConfigError(
+                f"weight sync to version {version} failed: {bad} (learner checksum {ref.checksum})"
+            )
+        self.last_sync, self.learner_checksum, self._version = states, ref.checksum, version
+        self.sync_s = time.perf_counter() - t0
+
+    async def _sync(self, server: Any, timeout: float = 300.0) -> ServerState:
+        """One server's sync; a server that Ray is restarting is waited for (it syncs as it starts)."""
+        from ray.exceptions import ActorUnavailableError
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                state: ServerState = await server.sync.remote()
+                return state
+            except ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+    def _settle(self, step: int) -> None:
+        """Mark the step's delivered groups consumed and check the ledger's accounting."""
+        if step < 0 or step < self._start - 1:
+            return
+        delivered = [k for k, e in self.ledger.entries.items() if e.step == step and e.state.value == "done"]
+        for k in delivered:
+            if k in self._all_infra:  # handed to the trainer, which could use none of it
+                self.ledger.drop(k, "every episode failed for infrastructure reasons")
+        self.ledger.mark_trained([k for k in delivered if k not in self._all_infra])
+        self.ledger.check(step, settled=True)
+
+    def metrics(self, step: int) -> dict[str, float]:
+        """The controller's counters for ``step`` (``ray/*`` in metrics.jsonl)."""
+        c = self.ledger.counts(step)
+        return {
+            "ray/groups_issued": float(c["issued"]),
+            "ray/groups_dropped": float(c["dropped"]),
+            "ray/leases_released": float(self.ledger.released),
+            "ray/results_discarded": float(self.ledger.discarded),
+            "ray/workers_replaced": float(self.replaced_workers),
+        }
+
+    async def save_checkpoint(self, run: RunDir, step: int, *, keep: int) -> None:
+        """The learner group writes the checkpoint (the run directory must be on a disk the learner's node
+        shares with the driver: with one node, or a shared file system)."""
+        await asyncio.gather(
+            *(lrn.save_checkpoint.remote(str(run.path), step, keep) for lrn in self.learners)
+        )
+
+
+@contextlib.asynccontextmanager
+async def ray_runtime(cfg: Any, run: RunDir, options: RayOptions | None = None) -> AsyncIterator[RayRuntime]:
+    """Connect to Ray (``cfg.ray``), start the actors, yield the runtime; stop them on exit."""
+    opts = options or RayOptions()
+    ray = require_ray()
+    started = connect(cfg.ray, cfg, opts)
+    rt = RayRuntime(ray, cfg, run, opts)
+    try:
+        await rt.start()
+        yield rt
+    finally:
+        await rt.close()
+        if started:
+            ray.shutdown()

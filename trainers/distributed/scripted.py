@@ -1,0 +1,104 @@
+"""A scripted sampler for math-tir with sleep-bound latency: the Ray runtime's tests and benchmark.
+
+:class:`ScriptedTIRPolicy` is an :class:`~agentrl.protocols.UpdatablePolicy` that plays math-tir tasks the
+way a model would, through the real environment and the real sandbox: it writes a python block computing the
+question, reads the tool's output and answers. Which of four plans it plays (right answer, a wrong digit
+appended, a syntax error first, no tool) is a function of the turn's sampling seed, which the rollout derives
+from ``(rollout seed, group seed, member, turn)``: so a run is reproducible token for token whichever process
+or server samples it, and members of a group differ (so advantages are not all zero).
+
+``generate_s`` sleeps per turn (a stand-in for decoding time) and the python block sleeps ``tool_s`` inside
+the sandbox (a stand-in for tool work): both are sleep-bound, so throughput scales with workers even on a
+2-core machine. The recorded log-probs are a constant -0.5.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl.protocols import FinishReason, Generation, Sampling, UpdatablePolicy, WeightUpdate
+
+__all__ = ["ScriptedTIRFactory", "ScriptedTIRPolicy"]
+
+
+class ScriptedTIRPolicy:
+    """Plays math-tir tasks with one of four plans per episode, chosen by the turn's sampling seed."""
+
+    def __init__(self, tokenizer: Any, *, generate_s: float = 0.0, tool_s: float = 0.0, version: int = 0):
+        self.tokenizer = tokenizer
+        self.end = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+        self.generate_s, self.tool_s = generate_s, tool_s
+        self._version = version
+        self.loaded: dict[str, Any] = {}
+        """The tensors of the last weight update (what a server checksums)."""
+
+    @property
+    def version(self) -> int:
+        """Version of the last weights taken."""
+        return self._version
+
+    async def load_weights(self, update: WeightUpdate) -> None:
+        """Take the version (and keep the tensors, so a server can checksum what it holds)."""
+        update.check_after(self._version)
+        self.loaded = dict(update.named_tensors)
+        self._version = update.version
+
+    def _turn(self, prompt: str, plan: int) -> str:
+        question = re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", prompt, re.S)[-1]
+        after = prompt.rsplit(question, 1)[1]
+        expr = re.search(r"What is (.+?)\?", question)
+        expr_s = expr.group(1) if expr else "0"
+        if "```output" not in after:
+            if plan == 3:
+                return f"Answer: {_eval(expr_s)}"
+            sleep = f"import time; time.sleep({self.tool_s})\n" if self.tool_s else ""
+            return f"```python\n{sleep}print({expr_s}" + ("" if plan == 2 else ")") + "\n```"
+        outputs = re.findall(r"```output\n(.*?)```", after, re.S)
+        value = outputs[-1].strip() if outputs else ""
+        return {0: f"Answer: {value}", 1: f"Answer: {value}7"}.get(plan, "Answer: 7")
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        """One scripted turn after ``generate_s`` seconds."""
+        version = self._version
+        if self.generate_s:
+            await asyncio.sleep(self.generate_s)
+        prompt = self.tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
+        # The plan is fixed per episode: the seed of turn t is the seed of turn 0 plus t.
+        turn = prompt.count("<|im_start|>assistant") - 1
+        plan = ((sampling.seed or 0) - max(turn, 0)) % 4
+        ids = [*self.tokenizer.encode(self._turn(prompt, plan), add_special_tokens=False), self.end]
+        ids = ids[: sampling.max_new_tokens]
+        finish = FinishReason.STOP if ids[-1] == self.end else FinishReason.LENGTH
+        return Generation(tuple(ids), (-0.5,) * len(ids), finish, version)
+
+
+def _eval(expr: str) -> str:
+    if not re.fullmatch(r"[\d\s+\-*/()]+", expr):
+        return "0"
+    try:
+        return str(eval(expr, {"__builtins__": {}}))  # digits and operators only (checked above)
+    except (SyntaxError, ZeroDivisionError):
+        return "0"
+
+
+@dataclass(frozen=True)
+class ScriptedTIRFactory:
+    """A server's policy factory (:data:`~agentrl.trainers.distributed.actors.PolicyFactory`) building a
+    :class:`ScriptedTIRPolicy` over the run's tokenizer."""
+
+    generate_s: float = 0.0
+    """Seconds each turn sleeps."""
+    tool_s: float = 0.0
+    """Seconds each python block sleeps in the sandbox."""
+
+    def __call__(self, cfg: Any, version: int) -> UpdatablePolicy:
+        """The policy, at ``version``."""
+        from agentrl.models import resolve_tokenizer
+
+        return ScriptedTIRPolicy(
+            resolve_tokenizer(cfg.model), generate_s=self.generate_s, tool_s=self.tool_s, version=version
+        )

@@ -1,0 +1,189 @@
+"""The single-process runtime: learner, sampler and environments in this process (the default)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
+
+from agentrl.chat import ChatRenderer
+from agentrl.checkpoint import CheckpointState, load_checkpoint, save_checkpoint
+from agentrl.groups import TrajectoryGroup
+from agentrl.learner import Learner
+from agentrl.models import resolve_model
+from agentrl.policies import HFPolicy
+from agentrl.protocols import UpdatablePolicy
+from agentrl.rollout import EpisodeDone, run_groups
+from agentrl.run import RunDir
+from agentrl.scores import save_step_scores
+from agentrl.trainers import pg
+from agentrl.trainers.evaluate import EvalReport, run_held_out
+from agentrl.trainers.pg import TrainConfig
+from agentrl.types import TrajectoryMeta
+from agentrl.update import policy_update
+
+__all__ = ["LocalRuntime", "local_runtime", "return_freed_memory"]
+
+
+class LocalRuntime:
+    """The single-process :class:`~agentrl.trainers.runtime.TrainRuntime`: learner, sampler and environments
+    in this process (the default). The HF sampler shares the learner's model object."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run: RunDir,
+        *,
+        pool: Any,
+        agent: Any,
+        loaded: Any,
+        learner: Learner,
+        policy: UpdatablePolicy,
+        renderer: ChatRenderer,
+        start_step: int,
+    ):
+        self.cfg, self.run, self.agent = cfg, run, agent
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        self.learner, self.policy, self.renderer = learner, policy, renderer
+        self.pool = pool
+        self.make_env = pg._env_factory(cfg, pool) if agent is None else None
+        self._start = start_step
+
+    @property
+    def start_step(self) -> int:
+        """The step this run starts at."""
+        return self._start
+
+    @property
+    def version(self) -> int:
+        """The sampler's weights version."""
+        return self.policy.version
+
+    def run_groups(
+        self, *, seeds: Iterable[int], group_size: int, meta: TrajectoryMeta
+    ) -> AsyncIterator[EpisodeDone]:
+        """The step's groups, from the env scheduler or (with --agent) the agent through the gateway."""
+        if self.agent is not None:
+            events: AsyncIterator[EpisodeDone] = self.agent.run_groups(
+                seeds=seeds, group_size=group_size, meta=meta
+            )
+            return events
+        assert self.make_env is not None
+        return run_groups(
+            self.make_env,
+            self.policy,
+            self.renderer,
+            pg.rollout_config(self.cfg, int(meta.step or 0)),
+            seeds=seeds,
+            group_size=group_size,
+            meta=meta,
+        )
+
+    async def update(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+        """One :func:`~agentrl.update.policy_update` in a worker thread; the learner's scores of the step
+        are written to the run (:mod:`agentrl.scores`) so replay has its advantages once its checkpoint is
+        rotated away."""
+        clear = getattr(self.policy, "clear_cache", None)
+        if callable(clear):
+            clear()  # the KV of this step's turns is stale once the weights change: free it before learning
+        update = await asyncio.to_thread(
+            policy_update,
+            self.learner,
+            groups,
+            estimator=self.cfg.estimator,
+            pad_id=pg.tokenizer_pad_id(self.renderer),
+        )
+        c = update.credit
+        step = int(groups[0][0].meta.step or 0)
+        save_step_scores(self.run, step, groups, c.logprobs_B_T, c.sum_pi_squared_B_T)
+        return update.metrics
+
+    async def held_out(self, label: str) -> EvalReport | None:
+        """The held-out evaluation of the current weights (``--eval``), labelled ``untrained``/``trained``;
+        None when it is off or with --agent, whose task source may have no test split."""
+        if not self.cfg.eval.tasks or self.agent is not None:
+            return None
+        report = await run_held_out(
+            self.policy,
+            self.renderer,
+            self.cfg.env,
+            pg._env_kwargs(self.cfg, self.pool),
+            self.cfg.eval,
+            self.cfg.rollout,
+            self.run.path,
+            label,
+        )
+        clear = getattr(self.policy, "clear_cache", None)
+        if callable(clear):
+            clear()  # the eval's prompts are not the training tasks': give their KV back
+        return report
+
+    async def publish(self, version: int) -> None:
+        """The learner's weights to the sampler."""
+        await pg.publish_weights(self.policy, self.learner.model, version)
+
+    async def save_checkpoint(self, run: RunDir, step: int, *, keep: int) -> None:
+        """Weights, optimizer and RNG after ``step`` steps."""
+        save_checkpoint(
+            run,
+            model=self.model,
+            optimizer=self.learner.optimizer,
+            tokenizer=self.tokenizer,
+            state=CheckpointState(step, step, {"next_step": step}),
+            keep=keep,
+            older=self.cfg.older_checkpoints,
+        )
+
+
+@contextlib.asynccontextmanager
+async def local_runtime(cfg: TrainConfig, run: RunDir) -> AsyncIterator[LocalRuntime]:
+    """Load the model (and a resumed run's checkpoint), build the learner, sampler, sandbox pool and (with
+    --agent) the gateway; close them on exit."""
+    from agentrl.sandbox import LocalSandbox, SandboxPool
+    from agentrl.trainers.gateway.agent_rollout import agent_runner
+
+    loaded = resolve_model(pg.model_spec(cfg))
+    renderer = ChatRenderer(loaded.tokenizer)
+    learner = Learner(loaded.model, cfg.learner)
+    start = 0
+    ckpt = run.latest_checkpoint()
+    if ckpt is not None:
+        start = load_checkpoint(ckpt, model=loaded.model, optimizer=learner.optimizer).step
+        print(f"resumed {run.path} at step {start} from {ckpt.path.name}")
+    policy = pg.make_policy(cfg, loaded.model, loaded.tokenizer, renderer, loaded.device, version=start)
+    if not isinstance(policy, HFPolicy):
+        # A sampler with its own copy of the weights starts from the learner's (a resumed run's too).
+        connect = getattr(policy, "connect", None)
+        if connect is not None:
+            await connect()
+        await pg.publish_weights(policy, loaded.model, start)
+    pool = SandboxPool(LocalSandbox, size=cfg.rollout.concurrency, max_waiting=4 * cfg.rollout.concurrency)
+    async with pool, agent_runner(cfg, policy, renderer) as agent:
+        yield LocalRuntime(
+            cfg,
+            run,
+            pool=pool,
+            agent=agent,
+            loaded=loaded,
+            learner=learner,
+            policy=policy,
+            renderer=renderer,
+            start_step=start,
+        )
+
+
+def return_freed_memory() -> None:
+    """Let freed tensors go back to the OS.
+
+    glibc raises its mmap threshold each time a large block is freed, after which tensors of up to 32 MiB
+    come from the heaps of several threads' arenas, where freed space stays resident (fragmentation: RSS
+    grows by GiBs over a run though the live tensors do not). A fixed 1 MiB threshold gives every larger
+    tensor its own mapping, returned to the OS when freed. No-op on other C libraries."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD (fixing it also stops the dynamic adjustment)
+        libc.mallopt(-8, 2)  # M_ARENA_MAX: the event loop, the engine's thread and torch's workers
+    except (OSError, AttributeError):
+        pass

@@ -1,0 +1,65 @@
+"""The trainer's runtime seam: where a step's episodes come from, where learning happens, where weights go.
+
+``agentrl.trainers.pg`` runs one training loop over a :class:`TrainRuntime`::
+
+    run_groups(seeds) → EpisodeDone stream → store → update(groups) → publish(version) → save_checkpoint
+
+Two runtimes implement it:
+
+* :class:`agentrl.trainers.pg.LocalRuntime` (the default): the learner, the sampler and the environments all
+  in this process, exactly the single-process trainer.
+* :class:`agentrl.trainers.distributed.RayRuntime` (``--ray ADDRESS``): rollout workers, inference servers
+  and a learner group as Ray actors, behind a controller with a persisted group ledger.
+
+The loop itself (tasks per step, storing every trajectory as it finishes, reusing complete groups on
+resume, metrics, signals) is the same for both, so a config runs either way and writes the same run
+directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Protocol, runtime_checkable
+
+from agentrl.groups import TrajectoryGroup
+from agentrl.rollout import EpisodeDone
+from agentrl.run import RunDir
+from agentrl.types import TrajectoryMeta
+
+__all__ = ["TrainRuntime"]
+
+
+@runtime_checkable
+class TrainRuntime(Protocol):
+    """What the training loop needs from the machinery under it (one object per run)."""
+
+    @property
+    def start_step(self) -> int:
+        """The step this run starts at (0, or the step of the checkpoint a resume loaded)."""
+        ...
+
+    @property
+    def version(self) -> int:
+        """Version of the weights the samplers hold now (the learner step that produced them)."""
+        ...
+
+    def run_groups(
+        self, *, seeds: Iterable[int], group_size: int, meta: TrajectoryMeta
+    ) -> AsyncIterator[EpisodeDone]:
+        """One group per seed, every episode reported as it finishes (the last of a group carries the group),
+        as :func:`agentrl.rollout.run_groups` does. Closing the iterator early cancels what is running."""
+        ...
+
+    async def update(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+        """Learn from ``groups`` (infra failures already dropped); return the step's ``learn/*`` and
+        ``variance/*`` metrics and whatever the runtime itself reports."""
+        ...
+
+    async def publish(self, version: int) -> None:
+        """Hand the learner's current weights to every sampler as ``version``; returns once they all
+        sample with them."""
+        ...
+
+    async def save_checkpoint(self, run: RunDir, step: int, *, keep: int) -> None:
+        """Write ``checkpoints/step-<step>`` (weights after ``step`` steps, optimizer, RNG, data position)."""
+        ...
