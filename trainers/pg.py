@@ -14,8 +14,7 @@ One step, top to bottom::
 The loop runs over a :class:`~agentrl.trainers.runtime.TrainRuntime`: this process (trainers/local.py,
 the default) or Ray actors (``--ray``, trainers/distributed/). Resume (``--resume RUN``) loads the last
 checkpoint, drops metrics lines of steps it will redo and reuses every *complete* group of the interrupted
-step already on disk, so no finished trajectory is lost and no step is logged twice. SIGINT/SIGTERM stop the
-rollout, keep what finished, checkpoint and exit.
+step already on disk, so no finished trajectory is lost and no step is logged twice. SIGINT/SIGTERM stop.
 """
 
 from __future__ import annotations
