@@ -63,9 +63,11 @@ async def evaluate(
 ) -> EvalReport:
     """Sample ``k`` episodes on each of ``tasks`` held-out tasks and report pass@1 / pass@k.
 
+    ``env`` is a registered id or a ``path/to/file.py:Class`` / ``package.module:Class`` reference.
     ``model`` is ``smollm2``, a model folder, a checkpoint (``<run>/checkpoints/step-N``) or a run directory
     (its newest checkpoint), as :func:`agentrl.models.resolve_model` reads it.
     """
+    env = agentrl.registry.canonical_env(env)  # a file reference works from any directory, and is recorded so
     spec = ModelSpec(model, device=device)
     model_folder(spec.name)  # a wrong --model fails here, before any env is built
     kwargs: dict[str, Any] = {"split": split}

