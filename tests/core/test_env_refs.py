@@ -93,14 +93,14 @@ def test_bad_references_say_what_was_tried(env_file, ref, exc, match):
 def test_a_file_that_raises_on_import(tmp_path):
     bad = tmp_path / "broken_env.py"
     bad.write_text("raise RuntimeError('boom at import')\n")
-    with pytest.raises(ConfigError, match="importing the file .*broken_env.py' raised RuntimeError: boom"):
+    with pytest.raises(ConfigError, match=r"importing the file .*broken_env\.py' raised RuntimeError: boom"):
         agentrl.make(f"{bad}:X")
 
 
 def test_a_factory_that_returns_something_else(tmp_path):
     f = tmp_path / "factory_env.py"
     f.write_text("def make_env():\n    return 42\n")
-    with pytest.raises(EnvContractError, match="returned int, not an agentrl.Env"):
+    with pytest.raises(EnvContractError, match=r"returned int, not an agentrl\.Env"):
         agentrl.make(f"{f}:make_env")
 
 
