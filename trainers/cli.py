@@ -157,6 +157,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"pass@1={report.pass_at_1:.3f} pass@{report.samples_per_task}={report.pass_at_k:.3f} "
                     f"mean reward={report.mean_reward:.3f} infra failures={report.infra_failures}"
                 )
+            if 2 * report.token_limited > report.episodes:
+                print(
+                    f"warning: {report.token_limited} of {report.episodes} episodes ended at a token limit; "
+                    f"their answers are cut off. Raise --max-new-tokens (now {ns.max_new_tokens}) if "
+                    f"{report.env} needs longer answers",
+                    file=sys.stderr,
+                )
             return 0
         if ns.command == "check":
             return _check(ns)

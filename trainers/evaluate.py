@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import agentrl
-from agentrl import TrajectoryMeta
+from agentrl import StopReason, TrajectoryMeta
 from agentrl.chat import ChatRenderer
 from agentrl.errors import ConfigError
 from agentrl.models import ModelSpec, model_folder, resolve_model
@@ -46,6 +46,10 @@ class EvalReport:
     """Mean episode reward."""
     infra_failures: int
     """Episodes lost to infrastructure failures (excluded from the rates)."""
+    token_limited: int = 0
+    """Episodes (of those counted) that a token limit ended: their answers were cut off."""
+    episodes: int = 0
+    """Episodes counted (infra failures excluded)."""
 
 
 async def evaluate(
@@ -86,7 +90,7 @@ async def evaluate(
     )
     cfg = RolloutConfig(max_turns=max_turns, max_new_tokens=max_new_tokens, temperature=temperature)
     by_task: dict[str, list[float]] = {}
-    infra = 0
+    infra = limited = counted = 0
     async for done in run_groups(
         lambda: agentrl.make(env, **kwargs),
         policy,
@@ -96,6 +100,9 @@ async def evaluate(
         group_size=k,
         meta=TrajectoryMeta(env_id=env),
     ):
+        if not done.trajectory.infra_failure:
+            counted += 1
+            limited += done.trajectory.stop_reason in (StopReason.TURN_TOKENS, StopReason.MAX_TOKENS)
         usable = done.group.usable() if done.group is not None else None
         if done.group is not None:
             infra += done.group.infra_failures
@@ -112,4 +119,6 @@ async def evaluate(
         pass_at_k=sum(pass_at_k(k, sum(r >= 1.0 for r in rs), k) for rs in full) / max(len(full), 1),
         mean_reward=sum(rewards) / max(len(rewards), 1),
         infra_failures=infra,
+        token_limited=limited,
+        episodes=counted,
     )

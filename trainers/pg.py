@@ -49,7 +49,7 @@ from agentrl.policies import HFPolicy
 from agentrl.protocols import UpdatablePolicy, WeightSink, WeightUpdate
 from agentrl.rollout import RolloutConfig, run_groups
 from agentrl.run import ModelSpec, RunDir
-from agentrl.types import ToolStatus
+from agentrl.types import StopReason, ToolStatus
 from agentrl.update import policy_update
 
 __all__ = [
@@ -216,6 +216,31 @@ def _env_factory(cfg: TrainConfig, pool: Any) -> Callable[[], agentrl.Env]:
     return lambda: agentrl.make(cfg.env, **kwargs)
 
 
+TOKEN_LIMIT_STOPS = frozenset({StopReason.TURN_TOKENS, StopReason.MAX_TOKENS})
+"""Stop reasons that mean a token limit, not the model or the env, ended the episode."""
+
+
+def token_limit_warning(trajs: Sequence[Trajectory], rollout: RolloutConfig) -> str | None:
+    """A warning when more than half of the episodes ended by a token limit: the limits look sized for
+    shorter answers than this env needs (code, long reasoning). ``None`` otherwise."""
+    ok = [t for t in trajs if not t.infra_failure]
+    turn = sum(t.stop_reason is StopReason.TURN_TOKENS for t in ok)
+    total = sum(t.stop_reason is StopReason.MAX_TOKENS for t in ok)
+    if not ok or 2 * (turn + total) <= len(ok):
+        return None
+    flag, value = (
+        ("--rollout.max-new-tokens", rollout.max_new_tokens)
+        if turn >= total
+        else ("--rollout.max-total-tokens", rollout.max_total_tokens)
+    )
+    return (
+        f"warning: {turn + total} of {len(ok)} episodes ended at a token limit ({turn} cut mid-turn at "
+        f"max_new_tokens={rollout.max_new_tokens}, {total} at max_total_tokens={rollout.max_total_tokens}); "
+        f"their final answers are cut off and score as failures. Raise {flag} (now {value}) if the env needs "
+        "longer answers"
+    )
+
+
 def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """Rollout metrics of one step (infra failures are counted, not averaged in)."""
     ok = [t for t in trajs if not t.infra_failure]
@@ -240,6 +265,7 @@ def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "episodes/total": float(len(trajs)),
         "episodes/infra_failures": float(len(trajs) - len(ok)),
         "episodes/truncated": float(sum(t.truncated for t in ok)),
+        "episodes/token_limit_frac": mean([float(t.stop_reason in TOKEN_LIMIT_STOPS) for t in ok]),
         "time/sandbox_s": float(sum(r.duration_s for t in trajs for r in t.tool_calls)),
     }
 
@@ -473,6 +499,9 @@ async def _train_step(s: _Session, step: int) -> bool:
     row["time/step_s"] = time.perf_counter() - t_step
     s.metrics.log(step, row)
     print(_format_row(step, row))
+    warning = token_limit_warning([t for g in groups for t in g], cfg.rollout)
+    if warning is not None:
+        print(f"step {step}: {warning}", file=sys.stderr)
     return True
 
 
