@@ -31,9 +31,10 @@ def test_the_tutorial_has_the_blocks_it_promises():
     (toml,) = [code for lang, _, code in BLOCKS if lang == "toml"]
     (group,) = tomllib.loads(toml)["project"]["entry-points"].values()
     assert group == {"my_envs": "my_package.envs"}
-    assert "[Writing your own environment](docs/writing-environments.md)" in (
-        Path(__file__).resolve().parents[1] / "README.md"
-    ).read_text()
+    assert (
+        "[Writing your own environment](docs/writing-environments.md)"
+        in (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    )
 
 
 @pytest.mark.usefixtures("local_sandbox_cls")
