@@ -143,3 +143,23 @@ async def test_parrot_sample_is_right(env_file):
     await env.reset(seed=3)
     (answer,) = env.sample_actions()
     assert (await env.step(Action(answer))).reward == 1.0
+
+
+def test_cli_names_what_was_tried(tmp_path, capsys):
+    from agentrl.trainers.cli import main as cli_main
+
+    assert cli_main(["check", "--env", str(tmp_path / "nope.py:MyEnv"), "--no-gymnasium"]) == 2
+    err = capsys.readouterr().err
+    assert "agentrl check: error:" in err and "nope.py does not exist" in err
+    out = tmp_path / "run"
+    assert cli_main(["train", "--model", "tiny", "--env", "no_such_mod_q:Env", "--out", str(out)]) == 2
+    assert "tried to import the module 'no_such_mod_q'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_cli_check_runs_both_checkers(env_file, capsys):
+    from agentrl.trainers.cli import main as cli_main
+
+    assert cli_main(["check", "--env", f"{env_file}:Parrot", "--env-kwargs", '{"word": "fig"}']) == 0
+    out = capsys.readouterr().out
+    assert "agentrl check_env passed" in out and "Gymnasium check_env passed" in out
