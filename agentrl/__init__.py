@@ -8,7 +8,7 @@ environment plug-ins load on the first ``make``/``list_envs``, and Gymnasium's r
 """
 
 from agentrl.checker import check_env
-from agentrl.env import Env, Observation, StepResult, as_step_result
+from agentrl.env import Env, Observation, ScoreContext, StepResult, as_step_result
 from agentrl.errors import AgentRLError
 from agentrl.execution import ExecResult, Limits
 from agentrl.groups import TrajectoryGroup, group_trajectories
@@ -63,6 +63,7 @@ __all__ = [
     "Sampling",
     "Sandbox",
     "SandboxSource",
+    "ScoreContext",
     "Segment",
     "StepResult",
     "StopReason",

@@ -5,8 +5,13 @@ observation; different seeds are not all identical (a warning only: some envs ha
 returns a valid :class:`~agentrl.env.StepResult` (or Gymnasium's 5-tuple, read by
 :func:`~agentrl.env.as_step_result`): a tuple of messages, a finite reward, bool flags, an assistant message
 and tool records of the right types; bad actions (empty text, garbage, a malformed tool call) are answered,
-not raised; a seeded episode with plain-text answers ends (else a warning); a seeded episode is
-reproducible step by step.
+not raised; the env's own :meth:`~agentrl.Env.sample_actions` (a right episode, where it declares one)
+runs its tools without a failure and scores above 0; a seeded episode with plain-text answers ends (else a
+warning); a seeded episode is reproducible step by step.
+
+A ``step`` that raises is reported as an environment error: the rollout would end such episodes as
+``env_error`` and never train on them. That is right only when the env itself is broken; a bad action must
+be answered with a message and a reward.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 from agentrl._sync import run_sync
 from agentrl.env import Env, StepResult, as_step_result
 from agentrl.errors import EnvContractError
-from agentrl.types import Action, Message
+from agentrl.types import Action, Message, ToolStatus
 
 __all__ = ["acheck_env", "check_env"]
 
@@ -54,6 +59,8 @@ async def acheck_env(env: Env, *, max_steps: int = 64, seed: int = 1234) -> None
         await _reset(env, seed)
         await _step(env, Action(text=action_text), name)
 
+    await _sample_episode(env, seed, name)
+
     trace1 = await _episode(env, seed, max_steps, name)
     trace2 = await _episode(env, seed, max_steps, name)
     if trace1 != trace2:
@@ -78,13 +85,46 @@ async def _step(env: Env, action: Action, name: str) -> StepResult:
         out = await env.step(action)
     except Exception as e:
         raise EnvContractError(
-            f"{name}.step raised {type(e).__name__} on the action {action.text[:60]!r}; bad actions "
-            "must be answered with a message and a reward, not an exception"
+            f"environment error: {name}.step raised {type(e).__name__}: {str(e)[:200]} on the action "
+            f"{action.text[:60]!r}. The rollout ends such episodes as env_error and never trains on them, "
+            "which is right only when the environment itself is broken; if the action was merely bad, answer "
+            "it with a message and a reward instead"
         ) from e
     try:
         return as_step_result(out)
     except EnvContractError as e:
         raise EnvContractError(f"{name}.{e}") from None
+
+
+async def _sample_episode(env: Env, seed: int, name: str) -> None:
+    """Play the env's own right episode (``sample_actions``) for the task of ``seed``, if it has one."""
+    await _reset(env, seed)
+    sample = env.sample_actions()
+    if isinstance(sample, str) or not all(isinstance(a, str) for a in sample):
+        raise EnvContractError(f"{name}.sample_actions must return a sequence of str, got {sample!r:.200}")
+    if not sample:
+        return
+    total = 0.0
+    for k, text in enumerate(sample):
+        res = await _step(env, Action(text=text), name)
+        for c in res.tool_calls:
+            if c.status is not ToolStatus.OK:
+                raise EnvContractError(
+                    f"{name}: the tool call {c.name!r} of sample action {k} ended with status "
+                    f"{c.status.value}: {(c.detail or c.output)[:300]!r}"
+                )
+        total += res.reward
+        if res.terminated or res.truncated:
+            if k + 1 < len(sample):
+                raise EnvContractError(f"{name}: the episode ended after sample action {k} of {len(sample)}")
+            break
+    else:
+        raise EnvContractError(f"{name}: the {len(sample)} sample actions did not end the episode")
+    if not total > 0:
+        raise EnvContractError(
+            f"{name}: the sample actions (a right answer) scored {total}; a right answer must score above 0 "
+            "(is the grader broken?)"
+        )
 
 
 async def _episode(env: Env, seed: int, max_steps: int, name: str) -> list[tuple[Any, ...]]:

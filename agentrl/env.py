@@ -13,6 +13,15 @@ The whole contract::
 
         async def close(self) -> None: ...       # optional; envs are async context managers
 
+        def sample_actions(self) -> Sequence[str]:  # optional: a right episode for the current task
+            return ()                              # (check_env plays it: tools run, reward > 0)
+
+Grading code: a tool env (``agentrl.envs.ToolEnv``) scores a final answer with ``def score(self, final)``
+or, to run it, ``async def grade(self, final, ctx: ScoreContext) -> float``: ``await ctx.run_fresh(code)``
+runs code in a fresh sandbox the model never touched (hidden tests go there, never into the episode's
+``ctx.sandbox``); a sandbox failure raises :class:`~agentrl.errors.SandboxError`, so the episode is dropped
+as an infrastructure failure, never scored 0.
+
 ``step`` returns a :class:`StepResult`. Gymnasium's 5-tuple ``(observation, reward, terminated, truncated,
 info)`` is accepted as well and read by :func:`as_step_result` as a ``StepResult`` with no parsed
 assistant message and no tool records; its ``info`` is the env's own and nothing in it is read (an
@@ -25,14 +34,17 @@ import math
 import random
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from agentrl.errors import EnvContractError
+from agentrl.errors import EnvContractError, SandboxError
+from agentrl.execution import ExecResult
+from agentrl.protocols import Sandbox
 from agentrl.types import Action, Message, ToolRecord
 
-__all__ = ["Env", "Observation", "StepResult", "as_step_result"]
+__all__ = ["Env", "Observation", "ScoreContext", "StepResult", "as_step_result"]
 
 Observation = tuple[Message, ...]
 """What the model is shown: a tuple of chat messages."""
@@ -125,6 +137,37 @@ def as_step_result(out: object) -> StepResult:
     return StepResult(obs, reward, terminated, truncated, info=info)
 
 
+@dataclass(frozen=True, slots=True)
+class ScoreContext:
+    """What an async grader (``ToolEnv.grade(final, ctx)``) may use besides the final answer."""
+
+    sandbox: Sandbox | None = None
+    """The episode's own session: what the model ran is still there (variables, files). The model could
+    write anything into it, so never put hidden tests there or trust what is read back from it."""
+    open_sandbox: Callable[[], AbstractAsyncContextManager[Sandbox]] | None = None
+    """Opens a fresh session (``async with ctx.open_sandbox() as sb``) that nothing of the episode touched."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """The task's ``extra`` (what the tools saw)."""
+    episode_id: str = ""
+    """Id of the running episode."""
+
+    async def run_fresh(self, code: str, *, timeout: float | None = None) -> ExecResult:
+        """Run ``code`` in a fresh sandbox and return the result (the code's own failures, timeouts
+        included, are statuses to score). Raises :class:`SandboxError` when the sandbox itself fails."""
+        if self.open_sandbox is None:
+            raise SandboxError("this environment has no sandbox to grade in (no open_sandbox)")
+        try:
+            async with self.open_sandbox() as sb:
+                result = await sb.run(code, timeout=timeout)
+        except SandboxError:
+            raise
+        except Exception as e:
+            raise SandboxError(f"the grading sandbox failed: {type(e).__name__}: {e}") from e
+        if result.status.is_infra:
+            raise SandboxError(f"the grading sandbox failed: {result.message or result.stderr[-300:]}")
+        return result
+
+
 class Env(ABC):
     """An async, Gymnasium-faithful text environment for a language-model agent.
 
@@ -188,6 +231,13 @@ class Env(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release resources. Idempotent."""
+
+    def sample_actions(self) -> Sequence[str]:
+        """A right episode for the current task (called after ``reset``): model turns that call the env's
+        tools and end with a correct final answer, as text. :func:`~agentrl.check_env` plays them and
+        requires every tool call to succeed and the episode to end with a reward above 0, so a broken tool
+        or grader is found before training. Default: none (the check is skipped)."""
+        return ()
 
     async def __aenter__(self) -> Env:
         return self

@@ -1,5 +1,9 @@
 """Environment registry: ``register``/``make``/``list_envs``, and the bridge to ``gymnasium.make``.
 
+Environments are named by a registered id (``math-tir-v0``) or by reference to a class or factory:
+``path/to/file.py:Class`` or ``package.module:Class`` (:func:`canonical_env`, :func:`make`); the reference
+may also name an id that the module registers when imported (``path/to/file.py:my-env-v0``).
+
 Plug-ins load lazily. Third-party packages (and agentrl's own ``agentrl.envs``) register their environments
 through the ``agentrl.envs`` entry-point group: each entry point names a module that calls :func:`register`
 when imported. ``import agentrl`` imports none of them; the first :func:`make`, :func:`spec`,
@@ -14,13 +18,13 @@ call) is also Gymnasium's ``agentrl/<id>``, so ``gymnasium.make("agentrl/<id>")`
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 import gymnasium
@@ -28,13 +32,16 @@ from gymnasium import spaces
 
 from agentrl._sync import run_sync
 from agentrl.env import Env, StepResult, as_step_result
-from agentrl.errors import ConfigError, EnvContractError, EnvNotFoundError
+from agentrl.errors import AgentRLError, ConfigError, EnvContractError, EnvNotFoundError
+from agentrl.loading import is_file_reference, load_module, load_object, split_reference
 from agentrl.types import Action, Message
 
 __all__ = [
     "EnvSpec",
     "GymnasiumEnv",
+    "canonical_env",
     "entry_point",
+    "env_slug",
     "list_envs",
     "load_plugins",
     "make",
@@ -144,24 +151,75 @@ def list_envs() -> list[str]:
 
 
 def spec(id: str) -> EnvSpec:
-    """The :class:`EnvSpec` registered under ``id``."""
+    """The :class:`EnvSpec` of a registered id or of a reference (``file.py:Class``, ``module:Class``).
+
+    Raises :class:`EnvNotFoundError` for an unknown id and :class:`ConfigError` for a reference that cannot
+    be loaded, saying what was tried.
+    """
     load_plugins()
-    try:
-        return _REGISTRY[id]
-    except KeyError:
+    found = _REGISTRY.get(id) if isinstance(id, str) else None
+    if found is not None:
+        return found
+    if not isinstance(id, str) or ":" not in id:
         close = [k for k in _REGISTRY if k.split("-v")[0] == str(id).split("-v")[0]]
         hint = f" Did you mean {close}?" if close else f" Registered: {sorted(_REGISTRY)}."
-        raise EnvNotFoundError(f"no environment registered as {id!r}.{hint}") from None
+        raise EnvNotFoundError(
+            f"no environment registered as {id!r}.{hint} A class of your own is named "
+            "path/to/file.py:Class or package.module:Class."
+        )
+    return _spec_of_reference(id)
+
+
+def _spec_of_reference(ref: str) -> EnvSpec:
+    where, name = split_reference(ref)
+    kind = "file" if is_file_reference(where) else "module"
+    try:
+        module = load_module(where)
+    except ConfigError as e:
+        raise ConfigError(f"env {ref!r} is not a registered id, so it was read as {kind}:Name; {e}") from e
+    obj = getattr(module, name, None)
+    if obj is None:
+        if name in _REGISTRY:  # the module registered an id on import, as plug-ins do
+            return _REGISTRY[name]
+        envs = sorted(
+            k for k, v in vars(module).items() if isinstance(v, type) and issubclass(v, Env) and v is not Env
+        )
+        raise ConfigError(
+            f"env {ref!r}: the {kind} {where!r} was imported but defines no {name!r} and registers no such "
+            f"id (Env classes there: {envs or 'none'})"
+        )
+    if isinstance(obj, type) and not issubclass(obj, Env):
+        raise ConfigError(f"env {ref!r}: {name} is a class but not a subclass of agentrl.Env")
+    if not callable(obj):
+        raise ConfigError(f"env {ref!r}: {name} is a {type(obj).__name__}, not an Env class or factory")
+    return EnvSpec(id=ref, entry_point=obj)
+
+
+def canonical_env(ref: str) -> str:
+    """How a run records ``--env``: a registered id as it is, a file reference with the file's absolute
+    path (so resume, eval and replay from another directory build the same env), a module reference as
+    it is. Checks that the reference loads."""
+    spec(ref)
+    if ref in _REGISTRY:
+        return ref
+    where, name = split_reference(ref)
+    if is_file_reference(where):
+        return f"{Path(where).expanduser().resolve()}:{name}"
+    return ref
+
+
+def env_slug(ref: str) -> str:
+    """A short name for a run folder: the id, or the ``Name`` of ``where:Name``."""
+    tail = ref.rsplit(":", 1)[-1] if ":" in ref and ref not in _REGISTRY else ref
+    return re.sub(r"[^\w.-]+", "_", tail.rsplit("/", 1)[-1]) or "env"
 
 
 def _resolve(entry_point: EntryPoint) -> Callable[..., Env]:
     if not isinstance(entry_point, str):
         return entry_point
-    module_name, attr = entry_point.split(":")
     try:
-        factory: Callable[..., Env] = getattr(importlib.import_module(module_name), attr)
-        return factory
-    except (ImportError, AttributeError) as e:
+        return load_object(entry_point)  # type: ignore[return-value]
+    except ConfigError as e:
         raise ConfigError(f"cannot load env entry point {entry_point!r}: {e}") from e
 
 
@@ -171,13 +229,18 @@ def entry_point(id: str) -> Callable[..., Env]:
 
 
 def make(id: str, **kwargs: Any) -> Env:
-    """Build the environment registered under ``id``; ``kwargs`` override its registered defaults."""
+    """Build the environment registered under ``id`` (or named by a ``file.py:Class`` or
+    ``module:Class`` reference); ``kwargs`` override its registered defaults."""
     env_spec = spec(id)
     factory = _resolve(env_spec.entry_point)
     try:
         env = factory(**{**env_spec.defaults, **kwargs})
     except TypeError as e:
         raise ConfigError(f"cannot build {id!r} with arguments {sorted(kwargs)}: {e}") from e
+    except AgentRLError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"building the env {id!r} raised {type(e).__name__}: {e}") from e
     if not isinstance(env, Env):
         raise EnvContractError(f"entry point of {id!r} returned {type(env).__name__}, not an agentrl.Env")
     env.spec_id = id

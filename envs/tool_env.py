@@ -13,8 +13,11 @@ A subclass says what the task is and how to score the final answer; the base cla
 Per episode: ``reset`` builds the prompt (system prompt + the parser's tool instructions, optional worked
 example turns, the task) and a fresh tool context. Each ``step`` parses the model's turn with the parser; a
 turn with tool calls runs them (:class:`~agentrl.tools.ToolExecutor`) and returns one ``tool`` message per
-call, a turn without calls is final and goes to :meth:`ToolEnv.on_final` (default: :meth:`ToolEnv.score`,
-then ``terminated``). The :class:`~agentrl.StepResult` carries the parsed assistant message (with
+call, a turn without calls is final and goes to :meth:`ToolEnv.on_final` (default: :meth:`ToolEnv.grade`,
+which calls the synchronous :meth:`ToolEnv.score`, then ``terminated``). An env that grades by running code
+overrides ``async def grade(self, final, ctx)`` and runs it with ``ctx.run_fresh(code)`` in a fresh sandbox
+(from ``sandbox_factory``, default ``LocalSandbox``; never from ``sandbox_pool``, whose slots the episodes
+may all hold). The :class:`~agentrl.StepResult` carries the parsed assistant message (with
 ``tool_calls``) and the tool records. The turn limit is the rollout's (``RolloutConfig.max_turns``), not the
 env's: a model that keeps calling tools is stopped there (stop reason ``max_turns``).
 
@@ -30,8 +33,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from abc import abstractmethod
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +47,7 @@ from agentrl import (
     Observation,
     Sandbox,
     SandboxSource,
+    ScoreContext,
     StepResult,
     Tool,
     ToolContext,
@@ -150,10 +154,27 @@ class ToolEnv(Env):
             return float(value is not None and value == expected)
         return float(answer.strip() == str(expected).strip())
 
+    async def grade(self, final: ParsedTurn, ctx: ScoreContext) -> float:
+        """Reward for a final turn, asynchronously, with the episode's resources (``ctx``). Default:
+        :meth:`score`. Override to run the answer: ``await ctx.run_fresh(code)`` runs code in a fresh
+        sandbox (hidden tests belong there, never in ``ctx.sandbox``, the model's own session); a failing
+        sandbox raises :class:`~agentrl.errors.SandboxError` and the episode is dropped, not scored 0."""
+        return self.score(final)
+
+    def score_context(self) -> ScoreContext:
+        """The :class:`~agentrl.ScoreContext` of the running episode."""
+        return ScoreContext(
+            sandbox=self._sandbox,
+            open_sandbox=self._fresh_sandbox,
+            extra=self.context.extra,
+            episode_id=self.context.episode_id,
+        )
+
     async def on_final(self, parsed: ParsedTurn) -> StepResult:
-        """A turn without tool calls. Default: score it and end the episode. Override for feedback turns
-        (return messages and ``terminated=False``); the parsed assistant message is filled in unless set."""
-        return StepResult(reward=self.score(parsed), terminated=True)
+        """A turn without tool calls. Default: :meth:`grade` it and end the episode. Override for feedback
+        turns (return messages and ``terminated=False``); the parsed assistant message is filled in unless
+        set."""
+        return StepResult(reward=await self.grade(parsed, self.score_context()), terminated=True)
 
     # -- the Env contract --------------------------------------------------------------------------------
     async def reset(
@@ -228,6 +249,20 @@ class ToolEnv(Env):
         import agentrl.sandbox as backends  # lazily: tools and envs work without a sandbox backend
 
         return backends.LocalSandbox(limits=self.limits)
+
+    @asynccontextmanager
+    async def _fresh_sandbox(self) -> AsyncIterator[Sandbox]:
+        """A new session for grading, outside the pool: episodes holding every pool slot while waiting for
+        a grading slot would deadlock."""
+        if self._factory is not None:
+            made = self._factory()
+            cm = await made if inspect.isawaitable(made) else made
+        else:
+            import agentrl.sandbox as backends
+
+            cm = backends.LocalSandbox(limits=self.limits)
+        async with cm as sandbox:
+            yield sandbox
 
     async def _release_sandbox(self) -> None:
         sandbox, self._sandbox = self._sandbox, None

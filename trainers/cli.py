@@ -1,4 +1,4 @@
-"""The ``agentrl`` command: train, eval, plot, replay, gateway, envs."""
+"""The ``agentrl`` command: train, eval, check, plot, replay, gateway, envs."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from agentrl.run import RunDir
 if TYPE_CHECKING:
     from agentrl.trainers.pg import TrainConfig
 
+ENV_HELP = "registered environment id (agentrl envs), path/to/file.py:Class or package.module:Class"
 TRAIN_ALIASES = {"lr": "learner.lr", "temperature": "rollout.temperature"}
 
 
@@ -41,13 +42,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="'smollm2', 'tiny', a run directory (its newest checkpoint), a checkpoint "
         "(<run>/checkpoints/step-N) or a Hugging Face model folder",
     )
-    ev.add_argument("--env", required=True, help="registered environment id")
+    ev.add_argument("--env", required=True, help=ENV_HELP)
     ev.add_argument("--k", type=int, default=4, help="samples per task (default 4)")
     ev.add_argument("--tasks", type=int, default=32, help="tasks to evaluate (default 32)")
     ev.add_argument("--split", default="test", help="split for envs that have one (default test)")
     ev.add_argument("--seed", type=int, default=10_000, help="first task seed (default 10000)")
     ev.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ev.add_argument("--max-new-tokens", type=int, default=96, help="token limit per model turn (default 96)")
+    ev.add_argument("--max-turns", type=int, default=3, help="model turns per episode (default 3)")
     ev.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    chk = sub.add_parser(
+        "check",
+        help="check an environment against the Env contract and Gymnasium's env checker",
+        description="Runs agentrl.check_env (contract, seeding, bad actions, episode ends, the env's "
+        "sample_action through its tools and scoring) and Gymnasium's own check_env on the Gymnasium view.",
+    )
+    chk.add_argument("--env", required=True, help=ENV_HELP)
+    chk.add_argument("--env-kwargs", default="{}", help="JSON keyword arguments for the environment")
+    chk.add_argument("--seed", type=int, default=1234, help="seed of the checked episodes (default 1234)")
+    chk.add_argument("--no-gymnasium", action="store_true", help="skip Gymnasium's checker")
 
     plot = sub.add_parser("plot", help="write PNG curves of a run's metrics")
     plot.add_argument("run", help="run directory")
@@ -79,6 +93,40 @@ def _train_config(ns: argparse.Namespace) -> TrainConfig:
     return config_from_args(TrainConfig, ns, base=base)
 
 
+def _check(ns: argparse.Namespace) -> int:
+    import warnings
+
+    import agentrl
+    from agentrl.errors import ConfigError
+
+    try:
+        kwargs = json.loads(ns.env_kwargs)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--env-kwargs is not JSON: {e}") from e
+    if not isinstance(kwargs, dict):
+        raise ConfigError("--env-kwargs must be a JSON object")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        agentrl.check_env(agentrl.make(ns.env, **kwargs), seed=ns.seed)
+        print(f"{ns.env}: agentrl check_env passed")
+        if not ns.no_gymnasium:
+            from gymnasium.utils.env_checker import check_env as gymnasium_check
+
+            gym_env = agentrl.GymnasiumEnv(agentrl.make(ns.env, **kwargs))
+            try:
+                gymnasium_check(gym_env, skip_render_check=True)
+            except AgentRLError:
+                raise
+            except Exception as e:  # Gymnasium's checker asserts; say which checker failed
+                raise ConfigError(f"Gymnasium's check_env failed: {type(e).__name__}: {e}") from e
+            finally:
+                gym_env.close()
+            print(f"{ns.env}: Gymnasium check_env passed")
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``agentrl`` console script."""
     ns = build_parser().parse_args(argv)
@@ -92,11 +140,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             report = asyncio.run(
                 evaluate(
-                    ns.model, ns.env, k=ns.k, tasks=ns.tasks, split=ns.split, seed=ns.seed, device=ns.device
+                    ns.model,
+                    ns.env,
+                    k=ns.k,
+                    tasks=ns.tasks,
+                    split=ns.split,
+                    seed=ns.seed,
+                    max_turns=ns.max_turns,
+                    max_new_tokens=ns.max_new_tokens,
+                    device=ns.device,
                 )
             )
             print(json.dumps(config_to_dict(report)) if ns.json else format_report(report))
+            if 2 * report.token_limited > report.episodes:
+                print(
+                    f"warning: {report.token_limited} of {report.episodes} episodes ended at a token limit; "
+                    f"their answers are cut off. Raise --max-new-tokens (now {ns.max_new_tokens}) if "
+                    f"{report.env} needs longer answers",
+                    file=sys.stderr,
+                )
             return 0
+        if ns.command == "check":
+            return _check(ns)
         if ns.command == "plot":
             from agentrl.metrics import plot_run
 

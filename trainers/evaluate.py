@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import agentrl
-from agentrl import TrajectoryMeta
+from agentrl import StopReason, TrajectoryMeta
 from agentrl.chat import ChatRenderer
 from agentrl.config import config_from_dict, config_to_dict
 from agentrl.errors import ConfigError
@@ -140,6 +140,10 @@ class EvalReport:
     """Successful episodes of each task."""
     task_samples: tuple[int, ...] = ()
     """Episodes of each task that count (infrastructure failures left out)."""
+    token_limited: int = 0
+    """Episodes (of those counted) that a token limit ended: their answers were cut off."""
+    episodes: int = 0
+    """Episodes counted (infra failures excluded)."""
 
 
 @dataclass(frozen=True)
@@ -206,7 +210,7 @@ async def evaluate_policy(
 
     cfg = dataclasses.replace(rollout, seed=seed)
     by_task: dict[str, list[float]] = {}
-    infra = 0
+    infra = limited = counted = 0
     async for done in run_groups(
         make_env,
         policy,
@@ -216,6 +220,9 @@ async def evaluate_policy(
         group_size=k,
         meta=TrajectoryMeta(env_id=env),
     ):
+        if not done.trajectory.infra_failure:
+            counted += 1
+            limited += done.trajectory.stop_reason in (StopReason.TURN_TOKENS, StopReason.MAX_TOKENS)
         if done.group is None:
             continue
         infra += done.group.infra_failures
@@ -240,6 +247,8 @@ async def evaluate_policy(
         task_ids=tuple(order),
         task_successes=tuple(wins),
         task_samples=tuple(ns),
+        token_limited=limited,
+        episodes=counted,
     )
 
 
@@ -269,9 +278,11 @@ async def evaluate(
     """Sample ``k`` episodes on each of ``tasks`` held-out tasks and report pass@1 (with its interval) and
     pass@k.
 
+    ``env`` is a registered id or a ``path/to/file.py:Class`` / ``package.module:Class`` reference.
     ``model`` is ``smollm2``, a model folder, a checkpoint (``<run>/checkpoints/step-N``) or a run directory
     (its newest checkpoint), as :func:`agentrl.models.resolve_model` reads it.
     """
+    env = agentrl.registry.canonical_env(env)  # a file reference works from any directory, and is recorded so
     spec = ModelSpec(model, device=device)
     model_folder(spec.name)  # a wrong --model fails here, before any env is built
     make_env, used_split = held_out_env(env, split)

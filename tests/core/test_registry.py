@@ -138,7 +138,7 @@ class _Broken(Env):
     [
         ("reset", "non-empty tuple of Message"),
         ("nondeterministic", "different observations"),
-        ("raises", "bad actions must be answered"),
+        ("raises", "environment error: _Broken.step raised ValueError"),
         ("reward", "finite float"),
         ("flags", "must be bools"),
     ],

@@ -24,12 +24,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import importlib
-import importlib.util
 import inspect
 import json
 import math
-import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +37,7 @@ import agentrl
 from agentrl.chat import ChatRenderer
 from agentrl.errors import ConfigError
 from agentrl.groups import TrajectoryGroup
+from agentrl.loading import load_object
 from agentrl.protocols import Policy
 from agentrl.rollout import EpisodeDone
 from agentrl.types import Trajectory, TrajectoryMeta
@@ -92,30 +90,15 @@ def load_agent(spec: str) -> AgentFn:
     path, sep, name = spec.rpartition(":")
     if not sep or not path or not name:
         raise ConfigError(f"--agent {spec!r}: expected FILE.py:FUNC (or module:FUNC)")
-    if path.endswith(".py"):
-        file = Path(path)
-        if not file.is_file():
-            raise ConfigError(f"--agent {spec!r}: {file} is not a file")
-        mod_name = f"agentrl_agent_{file.stem}_{uuid.uuid4().hex[:8]}"
-        mod_spec = importlib.util.spec_from_file_location(mod_name, file)
-        if mod_spec is None or mod_spec.loader is None:
-            raise ConfigError(f"--agent {spec!r}: cannot load {file}")
-        module = importlib.util.module_from_spec(mod_spec)
-        sys.modules[mod_name] = module  # dataclasses and pickling look modules up by name
-        mod_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(path)
-        except ImportError as e:
-            raise ConfigError(f"--agent {spec!r}: cannot import {path}: {e}") from e
-    fn: AgentFn | None = getattr(module, name, None)
-    if fn is None:
-        raise ConfigError(f"--agent {spec!r}: {path} has no {name!r}")
+    try:
+        fn = load_object(spec)
+    except ConfigError as e:
+        raise ConfigError(f"--agent {spec!r}: {e}") from None
     if not inspect.iscoroutinefunction(fn):
         raise ConfigError(
             f"--agent {spec!r}: {name} must be an async function: async def {name}(task, base_url)"
         )
-    return fn
+    return fn  # type: ignore[return-value]
 
 
 # -------------------------------------------------------------------------------------------------

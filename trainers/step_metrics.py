@@ -1,0 +1,85 @@
+"""What a training step reports: episode metrics, its console line, a warning when limits cut answers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agentrl.episode import RolloutConfig
+from agentrl.types import StopReason, ToolStatus, Trajectory
+
+__all__ = ["TOKEN_LIMIT_STOPS", "episode_metrics", "format_row", "token_limit_warning"]
+
+
+TOKEN_LIMIT_STOPS = frozenset({StopReason.TURN_TOKENS, StopReason.MAX_TOKENS})
+"""Stop reasons that mean a token limit, not the model or the env, ended the episode."""
+
+
+def token_limit_warning(trajs: Sequence[Trajectory], rollout: RolloutConfig) -> str | None:
+    """A warning when more than half of the episodes ended by a token limit: the limits look sized for
+    shorter answers than this env needs (code, long reasoning). ``None`` otherwise."""
+    ok = [t for t in trajs if not t.infra_failure]
+    turn = sum(t.stop_reason is StopReason.TURN_TOKENS for t in ok)
+    total = sum(t.stop_reason is StopReason.MAX_TOKENS for t in ok)
+    if not ok or 2 * (turn + total) <= len(ok):
+        return None
+    flag, value = (
+        ("--rollout.max-new-tokens", rollout.max_new_tokens)
+        if turn >= total
+        else ("--rollout.max-total-tokens", rollout.max_total_tokens)
+    )
+    return (
+        f"warning: {turn + total} of {len(ok)} episodes ended at a token limit ({turn} cut mid-turn at "
+        f"max_new_tokens={rollout.max_new_tokens}, {total} at max_total_tokens={rollout.max_total_tokens}); "
+        f"their final answers are cut off and score as failures. Raise {flag} (now {value}) if the env needs "
+        "longer answers"
+    )
+
+
+def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """Rollout metrics of one step (infra failures are counted, not averaged in)."""
+    ok = [t for t in trajs if not t.infra_failure]
+    n = max(len(ok), 1)
+
+    def mean(xs: Sequence[float]) -> float:
+        return float(sum(xs) / n) if ok else float("nan")
+
+    tool_errors = [sum(r.status is not ToolStatus.OK for r in t.tool_calls) for t in ok]
+    # "Used the tool": ran code that succeeded and took another turn after reading its output.
+    used = [any(r.status is ToolStatus.OK for r in t.tool_calls) and t.num_turns >= 2 for t in ok]
+    obs_tokens = [len(t.token_ids) - t.num_model_tokens for t in ok]
+    return {
+        "reward/mean": mean([t.reward for t in ok]),
+        "reward/pass_rate": mean([float(t.reward >= 1.0) for t in ok]),
+        "tools/calls_per_episode": mean([len(t.tool_calls) for t in ok]),
+        "tools/errors_per_episode": mean(tool_errors),
+        "tools/used_frac": mean([float(u) for u in used]),
+        "tokens/model_per_episode": mean([t.num_model_tokens for t in ok]),
+        "tokens/observation_per_episode": mean(obs_tokens),
+        "turns/per_episode": mean([t.num_turns for t in ok]),
+        "episodes/total": float(len(trajs)),
+        "episodes/infra_failures": float(len(trajs) - len(ok)),
+        "episodes/truncated": float(sum(t.truncated for t in ok)),
+        "episodes/token_limit_frac": mean([float(t.stop_reason in TOKEN_LIMIT_STOPS) for t in ok]),
+        "time/sandbox_s": float(sum(r.duration_s for t in trajs for r in t.tool_calls)),
+    }
+
+
+def format_row(step: int, row: dict[str, float]) -> str:
+    """The console line of a step's metrics row (the keys it has, shortened)."""
+    keys = [
+        ("reward/mean", "reward"),
+        ("reward/pass_rate", "pass"),
+        ("tools/calls_per_episode", "calls"),
+        ("tools/errors_per_episode", "tool_err"),
+        ("tools/used_frac", "used_tool"),
+        ("tokens/model_per_episode", "model_tok"),
+        ("tokens/observation_per_episode", "obs_tok"),
+        ("learn/grad_norm", "grad"),
+        ("variance/proxy1_signal_strength", "signal"),
+        ("variance/proxy3_pure_noise", "noise"),
+        ("time/rollout_s", "rollout_s"),
+        ("time/sandbox_s", "sandbox_s"),
+        ("time/learn_s", "learn_s"),
+    ]
+    parts = [f"{short}={row[k]:.3g}" for k, short in keys if isinstance(row.get(k), int | float)]
+    return f"step {step}: " + " ".join(parts)
