@@ -1,0 +1,153 @@
+"""Experiment 2 summaries: held-out success against generated tokens, tokens-to-target with intervals,
+gradient-norm curves, collapse counts. Reads the per-run JSON files of :mod:`train_tiny`."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+COLORS = {
+    "otb-N4": "#d62728",
+    "grpo-N4": "#1f77b4",
+    "grpo-N8": "#4f9fd4",
+    "grpo-N16": "#7fbfe4",
+    "grpo-N32": "#17375e",
+    "rloo-N4": "#2ca02c",
+    "opo-N4": "#9467bd",
+}
+
+
+def load_runs(root: Path, setting: str) -> dict[str, list[dict[str, Any]]]:
+    """Runs of one setting by configuration label (``otb-N4``...), sorted by seed."""
+    by: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in sorted((root / setting).glob("*.json")):
+        r = json.loads(p.read_text())
+        by[f"{r['estimator']}-N{r['group_size']}"].append(r)
+    return {k: sorted(v, key=lambda r: r["seed"]) for k, v in by.items()}
+
+
+def tokens_to_target(curve: Sequence[dict[str, float]], target: float, budget: float) -> tuple[float, bool]:
+    """First generated-token count at which held-out success reaches ``target`` (linear interpolation
+    between evaluations); (``budget``, True) when it never does (censored at the run's token budget)."""
+    xs = [c["tokens"] for c in curve]
+    ys = [c["success"] for c in curve]
+    for i in range(1, len(xs)):
+        if ys[i] >= target > ys[i - 1]:
+            return xs[i - 1] + (target - ys[i - 1]) / (ys[i] - ys[i - 1]) * (xs[i] - xs[i - 1]), False
+        if ys[i - 1] >= target:
+            return float(xs[i - 1]), False
+    return float(budget), True
+
+
+def boot_mean(x: np.ndarray, rng: np.random.Generator, B: int = 2000) -> tuple[float, float, float]:
+    """Mean and 95% percentile bootstrap interval over seeds."""
+    if len(x) == 0:
+        return (float("nan"),) * 3  # type: ignore[return-value]
+    reps = x[rng.integers(0, len(x), size=(B, len(x)))].mean(1)
+    lo, hi = np.percentile(reps, [2.5, 97.5])
+    return float(x.mean()), float(lo), float(hi)
+
+
+def summarize_setting(
+    runs: dict[str, list[dict[str, Any]]], targets: Sequence[float], ref: str = "otb-N4", seed: int = 0
+) -> dict[str, Any]:
+    """Per configuration: final and best held-out success, tokens-to-target per target (mean, interval,
+    censored count), the ratio to ``ref`` (paired by seed), grad-norm statistics and collapses."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, Any] = {}
+    ttt_by: dict[str, dict[float, dict[int, float]]] = {}
+    for label, rs in runs.items():
+        finals = np.array([r["curve"][-1]["success"] for r in rs])
+        peaks = np.array([max(c["success"] for c in r["curve"]) for r in rs])
+        gn = [np.array([s["grad_norm"] for s in r["steps"]]) for r in rs]
+        finite = [g[np.isfinite(g)] for g in gn]
+        cell: dict[str, Any] = {
+            "seeds": [r["seed"] for r in rs],
+            "initial_success": boot_mean(np.array([r["curve"][0]["success"] for r in rs]), rng),
+            "final_success": boot_mean(finals, rng),
+            "best_success": boot_mean(peaks, rng),
+            "grad_norm_median": float(np.median(np.concatenate(finite))) if finite else float("nan"),
+            "grad_norm_max": float(max((g.max() for g in finite if len(g)), default=float("nan"))),
+            "collapsed": int(sum((p > 0.3) and (f < 0.5 * p) for p, f in zip(peaks, finals, strict=True))),
+            "steps": [len(r["steps"]) for r in rs],
+            "tokens_to_target": {},
+        }
+        ttt_by[label] = {}
+        for tg in targets:
+            vals = [tokens_to_target(r["curve"], tg, r["setting"]["token_budget"]) for r in rs]
+            x = np.array([v for v, _ in vals])
+            cell["tokens_to_target"][str(tg)] = {
+                "mean": boot_mean(x, rng),
+                "censored": int(sum(c for _, c in vals)),
+                "per_seed": [float(v) for v in x],
+            }
+            ttt_by[label][tg] = {r["seed"]: v for r, (v, _) in zip(rs, vals, strict=True)}
+        out[label] = cell
+    if ref in ttt_by:
+        for label in out:
+            out[label]["ratio_to_" + ref] = {}
+            for tg in targets:
+                a, b = ttt_by[label][tg], ttt_by[ref][tg]
+                common = sorted(set(a) & set(b))
+                if not common:
+                    continue
+                xa = np.array([a[s] for s in common])
+                xb = np.array([b[s] for s in common])
+                reps = []
+                for _ in range(2000):
+                    pick = rng.integers(0, len(common), size=len(common))
+                    reps.append(xa[pick].mean() / xb[pick].mean())
+                lo, hi = np.percentile(reps, [2.5, 97.5])
+                out[label]["ratio_to_" + ref][str(tg)] = [float(xa.mean() / xb.mean()), float(lo), float(hi)]
+    return out
+
+
+def plot_curves(runs: dict[str, list[dict[str, Any]]], path: Path, title: str, target: float | None) -> None:
+    """Held-out success vs generated model tokens (mean over seeds, band = min..max) and grad norms."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=100)
+    for label in sorted(runs, key=lambda s: (s.split("-")[0] != "otb", s)):
+        rs = runs[label]
+        col = COLORS.get(label)
+        xs = np.array([c["tokens"] for c in rs[0]["curve"]]) / 1e3
+        ys = np.array([[c["success"] for c in r["curve"]] for r in rs if len(r["curve"]) == len(xs)])
+        ax1.plot(
+            xs, ys.mean(0), label=f"{label} ({len(ys)} seeds)", color=col, lw=2 if "otb" in label else 1.2
+        )
+        ax1.fill_between(xs, ys.min(0), ys.max(0), color=col, alpha=0.12)
+        grid = np.linspace(0, xs[-1] * 1e3, 60)
+        g = []
+        for r in rs:
+            t = np.array([s["tokens"] for s in r["steps"]])
+            v = np.array([s["grad_norm"] for s in r["steps"]])
+            ok = np.isfinite(v)
+            if ok.sum() < 2:
+                continue
+            k = max(1, len(v) // 40)
+            sm = np.convolve(np.where(ok, v, 0), np.ones(k) / k, mode="same")
+            g.append(np.interp(grid, t[ok], sm[ok]))
+        if g:
+            ax2.plot(grid / 1e3, np.mean(g, 0), color=col, lw=2 if "otb" in label else 1.2)
+    if target is not None:
+        ax1.axhline(target, color="gray", ls=":", lw=1)
+    ax1.set_xlabel("generated model tokens (thousands)")
+    ax1.set_ylabel("held-out success")
+    ax1.set_ylim(0, 1)
+    ax1.legend(fontsize=7, loc="lower right")
+    ax2.set_xlabel("generated model tokens (thousands)")
+    ax2.set_ylabel("gradient norm (pre-clip, smoothed)")
+    ax2.set_yscale("log")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)

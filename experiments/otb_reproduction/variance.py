@@ -1,0 +1,216 @@
+"""Experiment 1: exact gradient variance of group estimators, and how well the logit-gradient proxy tracks
+the true per-token gradient norm. Pools come from :mod:`gradvar`; this module draws the groups, bootstraps
+and summarises.
+
+Sampling design (fair by construction): for each prompt a pool of M trajectories is recorded once; the
+variance of an estimator at group size N is its variance over groups of N drawn i.i.d. from the pool (the
+plug-in distribution), and **every estimator sees the same drawn groups** (paired comparison). Intervals:
+a two-level bootstrap — prompts resampled with replacement, then trajectories within each prompt — with
+the draws redone inside each replicate; ratios are computed within replicates (paired).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import gradvar as gv
+import numpy as np
+import torch
+from gradvar import PromptPool
+
+
+def save_pool(pool: PromptPool, path: Path, **extra: np.ndarray) -> None:
+    """Write a pool (and extra arrays) to one ``.npz``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    blocks = {f"block_{k}": v for k, v in pool.blocks.items()}
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(
+        tmp,
+        name=np.array(pool.name),
+        rewards=pool.rewards,
+        lengths=pool.lengths,
+        tool_calls=pool.tool_calls,
+        logprobs=pool.logprobs,
+        spi2=pool.spi2,
+        tool_turn=pool.tool_turn,
+        gram=pool.gram,
+        **blocks,
+        **extra,
+    )
+    tmp.replace(path)
+
+
+def load_pool(path: Path) -> tuple[PromptPool, dict[str, np.ndarray]]:
+    """Read a pool written by :func:`save_pool`; returns (pool, extra arrays)."""
+    z = dict(np.load(path))
+    blocks = {k[6:]: z.pop(k) for k in list(z) if k.startswith("block_")}
+    pool = PromptPool(
+        str(z.pop("name")),
+        z.pop("rewards"),
+        z.pop("lengths"),
+        z.pop("tool_calls"),
+        z.pop("logprobs"),
+        z.pop("spi2"),
+        z.pop("tool_turn"),
+        z.pop("gram"),
+        blocks,
+    )
+    return pool, z
+
+
+# --------------------------------------------------------------------------------------------------
+def _weighted_reference(pool: PromptPool, weights: np.ndarray) -> np.ndarray:
+    w = weights / weights.sum()
+    rbar = float((w * pool.rewards).sum())
+    c = np.zeros(len(pool.logprobs))
+    for i, (a, b) in enumerate(pool.spans()):
+        c[a:b] = w[i] * (pool.rewards[i] - rbar)
+    return c
+
+
+def _stats(
+    pool: PromptPool, K: torch.Tensor, idx: np.ndarray, ref: np.ndarray, names: Sequence[str]
+) -> np.ndarray:
+    """[len(names), 5] moments (total_var, signal, proj_mean, proj_var, cos_ref) on the groups ``idx``."""
+    out = np.zeros((len(names), 5))
+    for j, name in enumerate(names):
+        A, mask = gv.advantages(pool, idx, name)
+        m = gv.moments(K, gv.coefficients(pool, idx, A, mask), ref)
+        out[j] = [m["total_var"], m["signal"], m["proj_mean"], m["proj_var"], m["cos_ref"]]
+    return out
+
+
+def analyze(
+    pools: Sequence[PromptPool],
+    *,
+    group_sizes: Sequence[int],
+    draws: int,
+    boot: int,
+    boot_draws: int,
+    seed: int = 0,
+    names: Sequence[str] = gv.ESTIMATORS,
+) -> dict[str, Any]:
+    """Point estimates and bootstrap replicates of every estimator's moments, per group size.
+
+    Returns ``{"estimators", "group_sizes", "point": [N][est][5], "boot": [B][N][est][5]}`` where the 5
+    moments are averaged over prompts (per-group quantities).
+    """
+    Ks = [torch.from_numpy(p.gram) for p in pools]
+    rng = np.random.default_rng(seed)
+    P = len(pools)
+    point = np.zeros((len(group_sizes), len(names), 5))
+    for pool, K in zip(pools, Ks, strict=True):
+        ones = np.ones(len(pool.rewards))
+        ref = _weighted_reference(pool, ones)
+        for a, N in enumerate(group_sizes):
+            idx = gv.draw(rng, ones, draws, N)
+            point[a] += _stats(pool, K, idx, ref, names) / P
+    reps = np.zeros((boot, len(group_sizes), len(names), 5))
+    for b in range(boot):
+        chosen = rng.integers(0, P, size=P)
+        for p in chosen:
+            pool, K = pools[p], Ks[p]
+            M = len(pool.rewards)
+            w = rng.multinomial(M, np.ones(M) / M).astype(np.float64)
+            ref = _weighted_reference(pool, w)
+            for a, N in enumerate(group_sizes):
+                idx = gv.draw(rng, w, boot_draws, N)
+                reps[b, a] += _stats(pool, K, idx, ref, names) / P
+    return {"estimators": list(names), "group_sizes": list(group_sizes), "point": point, "boot": reps}
+
+
+MOMENTS = ("total_var", "signal", "proj_mean", "proj_var", "cos_ref")
+
+
+def summarize(res: dict[str, Any], base: str = "grpo") -> dict[str, Any]:
+    """Tables with 95% percentile intervals: each moment, its ratio to ``base``, and signal-to-noise
+    (signal / total_var, and proj_mean² / proj_var) with ratios."""
+    names, Ns = res["estimators"], res["group_sizes"]
+    pt, bs = res["point"], res["boot"]
+    j0 = names.index(base)
+
+    def derived(x: np.ndarray) -> dict[str, np.ndarray]:
+        d = {m: x[..., i] for i, m in enumerate(MOMENTS)}
+        d["snr"] = d["signal"] / d["total_var"]
+        d["snr_proj"] = d["proj_mean"] ** 2 / d["proj_var"]
+        for m in ("total_var", "proj_var", "snr", "snr_proj"):
+            d[m + "_ratio"] = d[m] / d[m][..., j0 : j0 + 1]
+        return d
+
+    P, B = derived(pt), derived(bs)
+    table: dict[str, Any] = {}
+    for a, N in enumerate(Ns):
+        row = {}
+        for j, name in enumerate(names):
+            cell = {}
+            for m in P:
+                lo, hi = np.nanpercentile(B[m][:, a, j], [2.5, 97.5]) if len(bs) else (np.nan, np.nan)
+                cell[m] = [float(P[m][a, j]), float(lo), float(hi)]
+            row[name] = cell
+        table[str(N)] = row
+    return {"estimators": names, "group_sizes": list(Ns), "base": base, "table": table, "boot": len(bs)}
+
+
+# --------------------------------------------------------------------------------------------------
+def rankdata(x: np.ndarray) -> np.ndarray:
+    """Ranks with ties averaged (as scipy.stats.rankdata)."""
+    order = np.argsort(x, kind="mergesort")
+    xs = x[order]
+    ranks = np.empty(len(x))
+    i = 0
+    while i < len(x):
+        j = i
+        while j + 1 < len(x) and xs[j + 1] == xs[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman rank correlation."""
+    if len(x) < 3:
+        return float("nan")
+    return float(np.corrcoef(rankdata(x), rankdata(y))[0, 1])
+
+
+def proxy_tracking(pools: Sequence[PromptPool], boot: int = 200, seed: int = 0) -> dict[str, Any]:
+    """Spearman(proxy w_t, true ‖s_t‖²) over all model tokens and by stratum, with a cluster bootstrap
+    (trajectories resampled) for the intervals. Strata: tokens of turns that call a tool / that do not;
+    trajectories that used a tool / that did not."""
+    rows = []  # (proxy, true, tool_turn, traj_uses_tool, traj_id)
+    tid = 0
+    for pool in pools:
+        true = np.diagonal(pool.gram)
+        prox = pool.proxy
+        for i, (a, b) in enumerate(pool.spans()):
+            uses = pool.tool_calls[i] > 0
+            for t in range(a, b):
+                rows.append((prox[t], true[t], pool.tool_turn[t], uses, tid))
+            tid += 1
+    arr = np.array(rows, dtype=np.float64)
+    strata = {
+        "all": np.ones(len(arr), bool),
+        "tool-call turns": arr[:, 2] > 0,
+        "other turns": arr[:, 2] == 0,
+        "episodes with tool use": arr[:, 3] > 0,
+        "episodes without tool use": arr[:, 3] == 0,
+    }
+    rng = np.random.default_rng(seed)
+    traj = arr[:, 4].astype(int)
+    by_traj = [np.flatnonzero(traj == k) for k in range(tid)]
+    out: dict[str, Any] = {}
+    for name, sel in strata.items():
+        if sel.sum() < 10:
+            continue
+        est = spearman(arr[sel, 0], arr[sel, 1])
+        reps = []
+        for _ in range(boot):
+            pick = np.concatenate([by_traj[k] for k in rng.integers(0, tid, size=tid)])
+            pick = pick[sel[pick]]
+            reps.append(spearman(arr[pick, 0], arr[pick, 1]))
+        lo, hi = np.nanpercentile(reps, [2.5, 97.5])
+        out[name] = {"spearman": [est, float(lo), float(hi)], "tokens": int(sel.sum())}
+    return {"strata": out, "points": arr[:, :3]}
