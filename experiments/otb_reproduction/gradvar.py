@@ -349,43 +349,35 @@ def coefficients(pool: PromptPool, idx: np.ndarray, A: np.ndarray, mask: np.ndar
     return np.bincount(flat, weights=A[mask] / N, minlength=D * n).reshape(D, n)
 
 
-def reference(pool: PromptPool) -> np.ndarray:
-    """Coefficients of the pool's own best gradient estimate (1/M) Σ_i (R_i − R̄) S_i: the mean direction."""
+def reference(pool: PromptPool, weights: np.ndarray | None = None) -> np.ndarray:
+    """Coefficients of the pool's own gradient estimate Σ_i w_i (R_i − R̄_w) S_i / Σ_i w_i (weights =
+    trajectory multiplicities, default all 1): the mean direction the projections are taken on."""
+    w = np.ones(len(pool.rewards)) if weights is None else weights
+    w = w / w.sum()
+    rbar = float((w * pool.rewards).sum())
     c = np.zeros(len(pool.logprobs))
-    rbar = pool.rewards.mean()
     for i, (a, b) in enumerate(pool.spans()):
-        c[a:b] = (pool.rewards[i] - rbar) / len(pool.rewards)
+        c[a:b] = w[i] * (pool.rewards[i] - rbar)
     return c
 
 
-def moments(K: torch.Tensor, C: np.ndarray, ref: np.ndarray) -> dict[str, float]:
-    """Second moments of ĝ over the D draws (rows of C).
+def total_variance(K: torch.Tensor, C: np.ndarray) -> float:
+    """tr Cov(ĝ) over the D draws (rows of C): the mean of (c − c̄)ᵀ K (c − c̄), unbiased over draws.
 
-    ``total_var`` tr Cov(ĝ); ``signal`` ‖E ĝ‖² (debiased: c̄ᵀKc̄ − tr Cov / D); ``proj_mean`` and
-    ``proj_var`` mean and variance of ⟨ĝ, u⟩ with u the unit reference direction (:func:`reference`);
-    ``cos_ref`` cosine between E ĝ and u. Matrix products in float32 on centred coefficients (no
-    cancellation: each quadratic form is a sum of non-negative eigen-terms); sums in float64.
+    The product is taken in float32 on centred coefficients (each quadratic form is a sum of non-negative
+    eigen-terms, so nothing cancels) and summed in float64.
     """
     Ct = torch.from_numpy(C).float()
-    cbar = Ct.mean(0, keepdim=True)
-    Cc = Ct - cbar
-    Kf = K.float()
-    q = ((Cc @ Kf) * Cc).sum(1).double()
-    r = torch.from_numpy(ref)
-    Kr = K @ r
-    rnorm = max(float(r @ Kr), 1e-300) ** 0.5
-    proj = (Ct @ Kr.float()).double() / rnorm
-    D = C.shape[0]
-    total = float(q.sum() / (D - 1))
-    cb = cbar[0].double()
-    mean_sq = float(cb @ (K @ cb))
-    return {
-        "total_var": total,
-        "signal": mean_sq - total / D,
-        "proj_mean": float(proj.mean()),
-        "proj_var": float(proj.var(unbiased=True)),
-        "cos_ref": float(cb @ Kr) / rnorm / max(mean_sq, 1e-300) ** 0.5,
-    }
+    Cc = Ct - Ct.mean(0, keepdim=True)
+    q = ((Cc @ K.float()) * Cc).sum(1).double()
+    return float(q.sum() / (C.shape[0] - 1))
+
+
+def projections(C: np.ndarray, K: torch.Tensor, ref: np.ndarray) -> np.ndarray:
+    """⟨ĝ_d, u⟩ for every draw, u the unit vector along Σ_a ref_a s_a."""
+    Kr = K @ torch.from_numpy(ref)
+    norm = max(float(torch.from_numpy(ref) @ Kr), 1e-300) ** 0.5
+    return (torch.from_numpy(C) @ Kr).numpy() / norm
 
 
 def draw(rng: np.random.Generator, weights: np.ndarray, D: int, N: int) -> np.ndarray:

@@ -53,6 +53,12 @@ def boot_mean(x: np.ndarray, rng: np.random.Generator, B: int = 2000) -> tuple[f
     return float(x.mean()), float(lo), float(hi)
 
 
+def _surge(g: np.ndarray, k: int = 10) -> float:
+    if len(g) < k:
+        return float("nan")
+    return float(np.convolve(g, np.ones(k) / k, mode="valid").max() / max(np.median(g), 1e-12))
+
+
 def summarize_setting(
     runs: dict[str, list[dict[str, Any]]], targets: Sequence[float], ref: str = "otb-N4", seed: int = 0
 ) -> dict[str, Any]:
@@ -73,6 +79,10 @@ def summarize_setting(
             "best_success": boot_mean(peaks, rng),
             "grad_norm_median": float(np.median(np.concatenate(finite))) if finite else float("nan"),
             "grad_norm_max": float(max((g.max() for g in finite if len(g)), default=float("nan"))),
+            # Surge: the largest 10-step mean of a run over its own median (advantage scales differ between
+            # estimators, e.g. GRPO's std normalisation, so absolute norms are not comparable).
+            "grad_norm_surge": [float(_surge(g)) for g in finite],
+            "nonfinite_steps": int(sum((~np.isfinite(g)).sum() for g in gn)),
             "collapsed": int(sum((p > 0.3) and (f < 0.5 * p) for p, f in zip(peaks, finals, strict=True))),
             "steps": [len(r["steps"]) for r in rs],
             "tokens_to_target": {},
@@ -151,3 +161,54 @@ def plot_curves(runs: dict[str, list[dict[str, Any]]], path: Path, title: str, t
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
+
+
+def success_at(curve: Sequence[dict[str, float]], tokens: float) -> float:
+    """Held-out success at a token count, interpolated between evaluations (NaN past the run's end)."""
+    xs = [c["tokens"] for c in curve]
+    if tokens > xs[-1]:
+        return float("nan")
+    return float(np.interp(tokens, xs, [c["success"] for c in curve]))
+
+
+def markdown(summary: dict[str, Any], runs: dict[str, list[dict[str, Any]]], at: Sequence[int]) -> str:
+    """Markdown tables of one setting: success at fixed token counts, tokens-to-target, grad norms."""
+    rng = np.random.default_rng(0)
+    order = sorted(summary, key=lambda s: (s.split("-")[0] != "otb", s.split("-")[0], int(s.split("N")[1])))
+    head = "| config | seeds | " + " | ".join(f"success @ {t // 1000}k tok" for t in at) + " |"
+    lines = [head, "|---|---:|" + "---:|" * len(at)]
+    for label in order:
+        cells = []
+        for t in at:
+            x = np.array([success_at(r["curve"], t) for r in runs[label]])
+            x = x[np.isfinite(x)]
+            cells.append("—" if not len(x) else "{:.2f} [{:.2f}, {:.2f}]".format(*boot_mean(x, rng)))
+        lines.append(f"| {label} | {len(runs[label])} | " + " | ".join(cells) + " |")
+    targets = list(next(iter(summary.values()))["tokens_to_target"])
+    lines += ["", "| config | " + " | ".join(f"tokens to {t} (k)" for t in targets) + " | vs otb-N4 at 0.7 |"]
+    lines.append("|---|" + "---:|" * (len(targets) + 1))
+    for label in order:
+        cells = []
+        for t in targets:
+            c = summary[label]["tokens_to_target"][t]
+            m, lo, hi = (v / 1e3 for v in c["mean"])
+            cens = f" ({c['censored']} censored)" if c["censored"] else ""
+            cells.append(f"{m:.0f} [{lo:.0f}, {hi:.0f}]{cens}")
+        r = summary[label].get("ratio_to_otb-N4", {}).get("0.7")
+        cells.append("{:.2f} [{:.2f}, {:.2f}]".format(*r) if r else "—")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| config | grad norm median | grad norm max | surge (max 10-step mean / median), per seed "
+        "| collapsed runs | final success |",
+        "|---|---:|---:|---|---:|---:|",
+    ]
+    for label in order:
+        c = summary[label]
+        fs = "{:.2f} [{:.2f}, {:.2f}]".format(*c["final_success"])
+        surge = ", ".join(f"{x:.1f}" for x in c["grad_norm_surge"])
+        lines.append(
+            f"| {label} | {c['grad_norm_median']:.3g} | {c['grad_norm_max']:.3g} | {surge} | "
+            f"{c['collapsed']}/{len(c['seeds'])} | {fs} |"
+        )
+    return "\n".join(lines)

@@ -125,12 +125,12 @@ def _variance_set(work: Path, name: str, pools: list, quick: bool, group_sizes: 
     return summ
 
 
-def cmd_variance_tiny(work: Path, quick: bool) -> dict[str, dict]:
-    """Exact variance on the tiny policy: K = 4 (full and tail Grams) and K = 8 (full)."""
+def cmd_variance_tiny(work: Path, quick: bool, ks: list[int]) -> dict[str, dict]:
+    """Exact variance on the tiny policy: K = 4 (full and tail Grams) and the long setting's K (full)."""
     P, M = S.QUICK_POOL if quick else S.TINY_POOL
     out = {}
-    for k, modes in ((4, ("full", "tail")), (8, ("full",))):
-        if quick and k == 8:
+    for k, modes in ((4, ("full", "tail")), (S.LONG.k, ("full",))):
+        if k not in ks:
             continue
         paths = tiny_pools(work, warm_state(work, k, quick), k, P, M, modes)
         for mode in modes:
@@ -231,6 +231,38 @@ def cmd_report(work: Path, out: Path, figs: Path, quick: bool) -> str:
     return f"variance OTB/GRPO at N=4: {v:.2f}; tokens-to-target OTB N=4 vs GRPO N=32: {y:.2f}"
 
 
+def cmd_tables(work: Path, quick: bool) -> str:
+    """Markdown tables of everything (pasted into docs/reproduction.md)."""
+    parts = []
+    for setting in (S.MAIN, S.STRESS, S.LONG):
+        st = S.quick(setting) if quick else setting
+        runs = rl_report.load_runs(work / "rl", st.name)
+        if runs:
+            summ = rl_report.summarize_setting(runs, S.TARGETS)
+            at = [50_000, 150_000, 300_000, st.token_budget]
+            parts.append(f"### RL: {st.name}\n\n" + rl_report.markdown(summ, runs, at))
+    for p in sorted((work / "variance").glob("*.json")):
+        summ = json.loads(p.read_text())
+        if "table" not in summ:
+            continue
+        parts.append(f"### variance: {p.stem} ({summ['pools']})")
+        for metric, digits in (
+            ("total_var_ratio", 2),
+            ("proj_var_ratio", 2),
+            ("snr_ratio", 2),
+            ("total_var", 3),
+        ):
+            parts.append(f"{metric}\n\n" + var_report.markdown_table(summ, metric, VAR_NAMES, digits))
+        prox = summ["proxy"]
+        parts.append(
+            "proxy vs true norm (Spearman): "
+            + "; ".join(
+                f"{k}: {var_report.fmt(v['spearman'])} ({v['tokens']} tokens)" for k, v in prox.items()
+            )
+        )
+    return "\n\n".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -244,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="*", default=None)
     ap.add_argument("--prompts", type=int, nargs="*", default=None, help="SmolLM2 prompt seeds")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--k", type=int, nargs="*", default=None, help="variance-tiny: which K (default all)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -252,17 +285,19 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     out = a.out or (work / "report" if a.quick else HERE / "results")
     figs = out / "figures" if a.quick else ROOT / "docs" / "reproduction"
-    cmd = "all" if a.quick else a.command
+    cmd = a.command
     if cmd in ("sweep", "all"):
         for name in a.args or (["main"] if a.quick else ["main", "stress", "long"]):
             cmd_sweep(work, name, a.quick, a.seeds)
     if cmd in ("variance-tiny", "all"):
-        cmd_variance_tiny(work, a.quick)
+        cmd_variance_tiny(work, a.quick, [4] if a.quick else (a.k or [4, S.LONG.k]))
     if cmd == "smollm2-pools":
         smollm2_pools(work, work / SMOL_JSONL, a.prompts or [0, 1, 2, 3])
     if cmd in ("variance-smollm2", "all") and not a.quick:
         cmd_variance_smollm2(work)
-    if cmd not in ("sweep", "all", "variance-tiny", "smollm2-pools", "variance-smollm2", "report"):
+    if cmd == "tables":
+        print(cmd_tables(work, a.quick))
+    if cmd not in ("sweep", "all", "variance-tiny", "smollm2-pools", "variance-smollm2", "report", "tables"):
         raise SystemExit(f"unknown command {a.command!r}")
     if cmd in ("report", "all"):
         line = cmd_report(work, out, figs, a.quick)

@@ -61,24 +61,52 @@ def load_pool(path: Path) -> tuple[PromptPool, dict[str, np.ndarray]]:
 
 
 # --------------------------------------------------------------------------------------------------
-def _weighted_reference(pool: PromptPool, weights: np.ndarray) -> np.ndarray:
-    w = weights / weights.sum()
-    rbar = float((w * pool.rewards).sum())
-    c = np.zeros(len(pool.logprobs))
-    for i, (a, b) in enumerate(pool.spans()):
-        c[a:b] = w[i] * (pool.rewards[i] - rbar)
-    return c
+def _split(rng: np.random.Generator, pool: PromptPool, w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Two halves of the trajectories with positive weight (as weight vectors), stratified by reward so
+    that both halves see successes and failures; None when that is impossible (fewer than two
+    trajectories of some reward value)."""
+    a = np.zeros_like(w)
+    for r in np.unique(pool.rewards[w > 0]):
+        live = rng.permutation(np.flatnonzero((w > 0) & (pool.rewards == r)))
+        a[live[: len(live) // 2]] = 1
+    halves = (w * a, w * (1 - a))
+    ok = all(len(np.unique(pool.rewards[h > 0])) > 1 for h in halves)
+    return halves if ok else None
 
 
 def _stats(
-    pool: PromptPool, K: torch.Tensor, idx: np.ndarray, ref: np.ndarray, names: Sequence[str]
+    pool: PromptPool,
+    K: torch.Tensor,
+    rng: np.random.Generator,
+    w: np.ndarray,
+    D: int,
+    N: int,
+    names: Sequence[str],
 ) -> np.ndarray:
-    """[len(names), 5] moments (total_var, signal, proj_mean, proj_var, cos_ref) on the groups ``idx``."""
-    out = np.zeros((len(names), 5))
+    """[len(names), 3]: total variance on D groups drawn from the whole pool (weights ``w``); mean and
+    variance of the projection on the mean direction, **cross-fitted**: the direction is estimated on one
+    half of the pool (:func:`gradvar.reference`) and the groups are drawn from the other half, then the
+    halves swap (D/2 draws each). An independent direction keeps the pool's own sampling noise out of the
+    projected mean, which is what makes that mean a fair "signal" for a signal-to-noise comparison. NaN
+    where the pool cannot be split into two halves that both contain successes and failures."""
+    idx = gv.draw(rng, w, D, N)
+    halves = _split(rng, pool, w)
+    cross = []
+    if halves is not None:
+        for half_a, half_b in (halves, halves[::-1]):
+            cross.append((gv.draw(rng, half_b, max(D // 2, 2), N), gv.reference(pool, half_a)))
+    out = np.full((len(names), 3), np.nan)
     for j, name in enumerate(names):
         A, mask = gv.advantages(pool, idx, name)
-        m = gv.moments(K, gv.coefficients(pool, idx, A, mask), ref)
-        out[j] = [m["total_var"], m["signal"], m["proj_mean"], m["proj_var"], m["cos_ref"]]
+        out[j, 0] = gv.total_variance(K, gv.coefficients(pool, idx, A, mask))
+        means, variances = [], []
+        for ib, ref in cross:
+            Ab, mb = gv.advantages(pool, ib, name)
+            pr = gv.projections(gv.coefficients(pool, ib, Ab, mb), K, ref)
+            means.append(pr.mean())
+            variances.append(pr.var(ddof=1))
+        if cross:
+            out[j, 1], out[j, 2] = np.mean(means), np.mean(variances)
     return out
 
 
@@ -94,48 +122,53 @@ def analyze(
 ) -> dict[str, Any]:
     """Point estimates and bootstrap replicates of every estimator's moments, per group size.
 
-    Returns ``{"estimators", "group_sizes", "point": [N][est][5], "boot": [B][N][est][5]}`` where the 5
-    moments are averaged over prompts (per-group quantities).
+    Returns ``{"estimators", "group_sizes", "point": [N][est][3], "boot": [B][N][est][3]}``, the moments
+    (total_var, proj_mean, proj_var) averaged over prompts (per-group quantities; the projection moments
+    over the prompts where they are defined).
     """
     Ks = [torch.from_numpy(p.gram) for p in pools]
     rng = np.random.default_rng(seed)
     P = len(pools)
-    point = np.zeros((len(group_sizes), len(names), 5))
-    for pool, K in zip(pools, Ks, strict=True):
+    per = np.zeros((P, len(group_sizes), len(names), 3))
+    for p, (pool, K) in enumerate(zip(pools, Ks, strict=True)):
         ones = np.ones(len(pool.rewards))
-        ref = _weighted_reference(pool, ones)
         for a, N in enumerate(group_sizes):
-            idx = gv.draw(rng, ones, draws, N)
-            point[a] += _stats(pool, K, idx, ref, names) / P
-    reps = np.zeros((boot, len(group_sizes), len(names), 5))
+            per[p, a] = _stats(pool, K, rng, ones, draws, N, names)
+    point = _nanmean(per)
+    reps = np.zeros((boot, len(group_sizes), len(names), 3))
     for b in range(boot):
-        chosen = rng.integers(0, P, size=P)
-        for p in chosen:
+        per = np.zeros((P, len(group_sizes), len(names), 3))
+        for i, p in enumerate(rng.integers(0, P, size=P)):
             pool, K = pools[p], Ks[p]
             M = len(pool.rewards)
             w = rng.multinomial(M, np.ones(M) / M).astype(np.float64)
-            ref = _weighted_reference(pool, w)
             for a, N in enumerate(group_sizes):
-                idx = gv.draw(rng, w, boot_draws, N)
-                reps[b, a] += _stats(pool, K, idx, ref, names) / P
+                per[i, a] = _stats(pool, K, rng, w, boot_draws, N, names)
+        reps[b] = _nanmean(per)
     return {"estimators": list(names), "group_sizes": list(group_sizes), "point": point, "boot": reps}
 
 
-MOMENTS = ("total_var", "signal", "proj_mean", "proj_var", "cos_ref")
+def _nanmean(per: np.ndarray) -> np.ndarray:
+    """Mean over prompts (axis 0), ignoring prompts where a moment is undefined (NaN where all are)."""
+    ok = np.isfinite(per)
+    return np.where(ok.any(0), np.where(ok, per, 0).sum(0) / np.maximum(ok.sum(0), 1), np.nan)
+
+
+MOMENTS = ("total_var", "proj_mean", "proj_var")
 
 
 def summarize(res: dict[str, Any], base: str = "grpo") -> dict[str, Any]:
-    """Tables with 95% percentile intervals: each moment, its ratio to ``base``, and signal-to-noise
-    (signal / total_var, and proj_mean² / proj_var) with ratios."""
+    """Tables with 95% percentile intervals: each moment, its ratio to ``base``, and the signal-to-noise
+    ratio along the mean direction, snr = proj_mean² / proj_var (scale-free: RLOO and GRPO, which differ
+    only by the factor (N − 1)/N, have the same), with its ratio to ``base``."""
     names, Ns = res["estimators"], res["group_sizes"]
     pt, bs = res["point"], res["boot"]
     j0 = names.index(base)
 
     def derived(x: np.ndarray) -> dict[str, np.ndarray]:
         d = {m: x[..., i] for i, m in enumerate(MOMENTS)}
-        d["snr"] = d["signal"] / d["total_var"]
-        d["snr_proj"] = d["proj_mean"] ** 2 / d["proj_var"]
-        for m in ("total_var", "proj_var", "snr", "snr_proj"):
+        d["snr"] = d["proj_mean"] ** 2 / d["proj_var"]
+        for m in ("total_var", "proj_var", "snr"):
             d[m + "_ratio"] = d[m] / d[m][..., j0 : j0 + 1]
         return d
 
