@@ -31,16 +31,19 @@ def load_runs(root: Path, setting: str) -> dict[str, list[dict[str, Any]]]:
     return {k: sorted(v, key=lambda r: r["seed"]) for k, v in by.items()}
 
 
-def tokens_to_target(curve: Sequence[dict[str, float]], target: float, budget: float) -> tuple[float, bool]:
-    """First generated-token count at which held-out success reaches ``target`` (linear interpolation
-    between evaluations); (``budget``, True) when it never does (censored at the run's token budget)."""
-    xs = [c["tokens"] for c in curve]
+def tokens_to_target(
+    curve: Sequence[dict[str, float]], target: float, budget: float, axis: str = "tokens"
+) -> tuple[float, bool]:
+    """First generated-token count (``axis="step"``: RL step) at which held-out success reaches
+    ``target``, interpolated linearly between evaluations; (``budget``, True) when it never does
+    (censored at the run's budget on that axis)."""
+    xs = [c[axis] for c in curve]
     ys = [c["success"] for c in curve]
     for i in range(1, len(xs)):
-        if ys[i] >= target > ys[i - 1]:
-            return xs[i - 1] + (target - ys[i - 1]) / (ys[i] - ys[i - 1]) * (xs[i] - xs[i - 1]), False
         if ys[i - 1] >= target:
             return float(xs[i - 1]), False
+        if ys[i] >= target:
+            return xs[i - 1] + (target - ys[i - 1]) / (ys[i] - ys[i - 1]) * (xs[i] - xs[i - 1]), False
     return float(budget), True
 
 
@@ -97,6 +100,8 @@ def summarize_setting(
                 "per_seed": [float(v) for v in x],
             }
             ttt_by[label][tg] = {r["seed"]: v for r, (v, _) in zip(rs, vals, strict=True)}
+            svals = [tokens_to_target(r["curve"], tg, len(r["steps"]), axis="step") for r in rs]
+            cell["tokens_to_target"][str(tg)]["steps"] = boot_mean(np.array([v for v, _ in svals]), rng)
         out[label] = cell
     if ref in ttt_by:
         for label in out:
@@ -185,8 +190,13 @@ def markdown(summary: dict[str, Any], runs: dict[str, list[dict[str, Any]]], at:
             cells.append("—" if not len(x) else "{:.2f} [{:.2f}, {:.2f}]".format(*boot_mean(x, rng)))
         lines.append(f"| {label} | {len(runs[label])} | " + " | ".join(cells) + " |")
     targets = list(next(iter(summary.values()))["tokens_to_target"])
-    lines += ["", "| config | " + " | ".join(f"tokens to {t} (k)" for t in targets) + " | vs otb-N4 at 0.7 |"]
-    lines.append("|---|" + "---:|" * (len(targets) + 1))
+    lines += [
+        "",
+        "| config | "
+        + " | ".join(f"tokens to {t} (k)" for t in targets)
+        + " | vs otb-N4 at 0.7 | steps to 0.7 |",
+    ]
+    lines.append("|---|" + "---:|" * (len(targets) + 2))
     for label in order:
         cells = []
         for t in targets:
@@ -196,6 +206,8 @@ def markdown(summary: dict[str, Any], runs: dict[str, list[dict[str, Any]]], at:
             cells.append(f"{m:.0f} [{lo:.0f}, {hi:.0f}]{cens}")
         r = summary[label].get("ratio_to_otb-N4", {}).get("0.7")
         cells.append("{:.2f} [{:.2f}, {:.2f}]".format(*r) if r else "—")
+        st = summary[label]["tokens_to_target"].get("0.7", {}).get("steps")
+        cells.append("{:.0f} [{:.0f}, {:.0f}]".format(*st) if st else "—")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += [
         "",

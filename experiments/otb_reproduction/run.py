@@ -49,11 +49,7 @@ def warm_state(work: Path, k: int, quick: bool) -> dict[str, torch.Tensor]:
 
 def cmd_sweep(work: Path, name: str, quick: bool, seeds: list[int] | None) -> list[dict]:
     """Run (or load) every run of one setting's sweep."""
-    setting, configs = {
-        "main": (S.MAIN, S.MAIN_CONFIGS),
-        "stress": (S.STRESS, S.STRESS_CONFIGS),
-        "long": (S.LONG, S.LONG_CONFIGS),
-    }[name]
+    setting, configs = {"main": (S.MAIN, S.MAIN_CONFIGS), "stress": (S.STRESS, S.STRESS_CONFIGS)}[name]
     if quick:
         setting, configs = S.quick(setting), S.QUICK_CONFIGS
     use_seeds = seeds if seeds is not None else (S.QUICK_SEEDS if quick else S.SEEDS)
@@ -94,7 +90,11 @@ def _variance_set(work: Path, name: str, pools: list, quick: bool, group_sizes: 
     """Analyse one pool set (or load its cached summary) and cache the proxy scatter points."""
     out = work / "variance" / f"{name}.json"
     if out.exists():
-        return json.loads(out.read_text())
+        summ = json.loads(out.read_text())
+        if "trajectory level" not in summ["proxy"]:  # summaries written before the tracking was extended
+            summ["proxy"] = variance.proxy_tracking(pools, boot=20 if quick else 200)["strata"]
+            _save(out, summ)
+        return summ
     res = variance.analyze(
         pools,
         group_sizes=group_sizes,
@@ -125,13 +125,11 @@ def _variance_set(work: Path, name: str, pools: list, quick: bool, group_sizes: 
     return summ
 
 
-def cmd_variance_tiny(work: Path, quick: bool, ks: list[int]) -> dict[str, dict]:
-    """Exact variance on the tiny policy: K = 4 (full and tail Grams) and the long setting's K (full)."""
+def cmd_variance_tiny(work: Path, quick: bool) -> dict[str, dict]:
+    """Exact variance on the tiny policy (chain-sum, K = 4): every parameter, and the tail subset."""
     P, M = S.QUICK_POOL if quick else S.TINY_POOL
     out = {}
-    for k, modes in ((4, ("full", "tail")), (S.LONG.k, ("full",))):
-        if k not in ks:
-            continue
+    for k, modes in ((4, ("full", "tail")),):
         paths = tiny_pools(work, warm_state(work, k, quick), k, P, M, modes)
         for mode in modes:
             name = f"tiny-k{k}-{mode}"
@@ -188,7 +186,7 @@ def cmd_report(work: Path, out: Path, figs: Path, quick: bool) -> str:
     """Write the summary JSON files and figures; return the quick line."""
     rl_root = work / "rl"
     rl_sum = {}
-    names = {"main": S.MAIN, "stress": S.STRESS, "long": S.LONG}
+    names = {"main": S.MAIN, "stress": S.STRESS}
     for key, setting in names.items():
         st = S.quick(setting) if quick else setting
         runs = rl_report.load_runs(rl_root, st.name)
@@ -202,15 +200,11 @@ def cmd_report(work: Path, out: Path, figs: Path, quick: bool) -> str:
     for p in sorted((work / "variance").glob("*.json")):
         var_sum[p.stem] = json.loads(p.read_text())
     _save(out / "variance.json", var_sum)
-    main_sets = {
-        k: v
-        for k, v in var_sum.items()
-        if k in ("tiny-k4-full", "tiny-k4-tail", "tiny-k8-full", "smollm2-tail")
-    }
+    main_sets = {k: v for k, v in var_sum.items() if k in ("tiny-k4-full", "tiny-k4-tail", "smollm2-tail")}
     if main_sets:
         var_report.plot_ratios(main_sets, figs / "variance-ratios.png", PLOT_NAMES)
     pts = {}
-    for name in ("tiny-k4-full", "tiny-k8-full", "smollm2-tail"):
+    for name in ("tiny-k4-full", "smollm2-tail"):
         f = work / "variance" / f"{name}-proxy-points.npy"
         if f.exists():
             pts[name] = np.load(f)
@@ -234,7 +228,7 @@ def cmd_report(work: Path, out: Path, figs: Path, quick: bool) -> str:
 def cmd_tables(work: Path, quick: bool) -> str:
     """Markdown tables of everything (pasted into docs/reproduction.md)."""
     parts = []
-    for setting in (S.MAIN, S.STRESS, S.LONG):
+    for setting in (S.MAIN, S.STRESS):
         st = S.quick(setting) if quick else setting
         runs = rl_report.load_runs(work / "rl", st.name)
         if runs:
@@ -276,7 +270,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="*", default=None)
     ap.add_argument("--prompts", type=int, nargs="*", default=None, help="SmolLM2 prompt seeds")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--k", type=int, nargs="*", default=None, help="variance-tiny: which K (default all)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -287,10 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     figs = out / "figures" if a.quick else ROOT / "docs" / "reproduction"
     cmd = a.command
     if cmd in ("sweep", "all"):
-        for name in a.args or (["main"] if a.quick else ["main", "stress", "long"]):
+        for name in a.args or (["main"] if a.quick else ["main", "stress"]):
             cmd_sweep(work, name, a.quick, a.seeds)
     if cmd in ("variance-tiny", "all"):
-        cmd_variance_tiny(work, a.quick, [4] if a.quick else (a.k or [4, S.LONG.k]))
+        cmd_variance_tiny(work, a.quick)
     if cmd == "smollm2-pools":
         smollm2_pools(work, work / SMOL_JSONL, a.prompts or [0, 1, 2, 3])
     if cmd in ("variance-smollm2", "all") and not a.quick:

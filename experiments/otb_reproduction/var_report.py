@@ -65,6 +65,9 @@ def plot_ratios(summaries: dict[str, dict[str, Any]], path: Path, names: Sequenc
                     capsize=2,
                 )
             ax.axhline(1, color="gray", lw=0.8, ls=":")  # also gives an empty panel a valid range
+            ax.set_yscale("log", base=2)
+            ax.set_ylim(1 / 8, 8)
+            ax.set_yticks([1 / 8, 1 / 4, 1 / 2, 1, 2, 4, 8], ["1/8", "1/4", "1/2", "1", "2", "4", "8"])
             ax.set_xscale("log", base=2)
             ax.set_xticks(Ns, [str(n) for n in Ns])
             ax.set_xlabel("group size N")

@@ -246,4 +246,30 @@ def proxy_tracking(pools: Sequence[PromptPool], boot: int = 200, seed: int = 0) 
             reps.append(spearman(arr[pick, 0], arr[pick, 1]))
         lo, hi = np.nanpercentile(reps, [2.5, 97.5])
         out[name] = {"spearman": [est, float(lo), float(hi)], "tokens": int(sel.sum())}
+    pos = (arr[:, 0] > 0) & (arr[:, 1] > 0)
+    lx, ly = np.log(arr[pos, 0]), np.log(arr[pos, 1])
+    out["all"]["loglog_slope"] = float(np.polyfit(lx, ly, 1)[0])
+    out["all"]["loglog_pearson"] = float(np.corrcoef(lx, ly)[0, 1])
+    out["trajectory level"] = trajectory_tracking(pools)
     return {"strata": out, "points": arr[:, :3]}
+
+
+def trajectory_tracking(pools: Sequence[PromptPool]) -> dict[str, Any]:
+    """What OTB's group weights see: per trajectory, the proxy energy W_T = Σ_t w_t against the true
+    Σ_t ‖s_t‖² (OTB's target under orthogonal increments) and the true ‖Σ_t s_t‖² (the classic optimal
+    baseline's weight). Spearman within each prompt's pool (the weights only compare group members),
+    averaged over prompts."""
+    a, b, c = [], [], []
+    for pool in pools:
+        prox = np.array([pool.proxy[i:j].sum() for i, j in pool.spans()])
+        diag = np.array([np.trace(pool.gram[i:j, i:j]) for i, j in pool.spans()])
+        seq = np.array([pool.gram[i:j, i:j].sum() for i, j in pool.spans()])
+        a.append(spearman(prox, diag))
+        b.append(spearman(prox, seq))
+        c.append(spearman(diag, seq))
+    return {
+        "spearman_proxy_vs_sum_of_token_norms": float(np.nanmean(a)),
+        "spearman_proxy_vs_sequence_norm": float(np.nanmean(b)),
+        "spearman_sum_of_token_norms_vs_sequence_norm": float(np.nanmean(c)),
+        "prompts": len(pools),
+    }
