@@ -1,4 +1,4 @@
-"""Collate trajectories into right-padded token tensors for the learner and the credit
+"""Collate groups of trajectories into right-padded token tensors for the learner and the credit
 estimators."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from agentrl.errors import AuditError, ConfigError
-from agentrl.types import Trajectory
+from agentrl.groups import TrajectoryGroup
 
 __all__ = ["TokenBatch", "collate"]
 
@@ -33,7 +33,7 @@ class TokenBatch:
     token_rewards_B_T: torch.Tensor
     """The episode reward on the row's last model token, 0 elsewhere (float32)."""
     group_ids: tuple[str, ...]
-    """``meta.group_id`` of each row: rows sharing an id form one credit-assignment group."""
+    """The group id of each row: rows sharing an id form one credit-assignment group."""
     lengths_B: torch.Tensor
     """Number of real tokens in each row (long)."""
 
@@ -80,17 +80,30 @@ class TokenBatch:
 
 
 def collate(
-    trajectories: Sequence[Trajectory], pad_id: int, *, device: torch.device | str | None = None
+    groups: Sequence[TrajectoryGroup], pad_id: int, *, device: torch.device | str | None = None
 ) -> TokenBatch:
-    """Stack trajectories into a :class:`TokenBatch` (right padding with ``pad_id``).
+    """Stack groups into a :class:`TokenBatch` (right padding with ``pad_id``): one row per member, group
+    after group, members in group order; the rows of a group share its ``group_id``.
 
     Each row's reward (``Trajectory.reward``, the sum of per-step rewards) is placed on its last
     model token; a row without model tokens keeps no reward (it has nothing to train). Trajectories
     marked ``infra_failure`` are refused: the machinery failed, so their reward means nothing; the
-    trainer drops them before collating.
+    trainer keeps only :meth:`TrajectoryGroup.usable` members. Two groups with one id are refused too
+    (credit assignment would merge them).
     """
-    if not trajectories:
-        raise ConfigError("collate needs at least one trajectory")
+    if not groups:
+        raise ConfigError("collate needs at least one group")
+    if not all(isinstance(g, TrajectoryGroup) for g in groups):
+        raise ConfigError(
+            "collate takes TrajectoryGroup objects (agentrl.groups.group_trajectories builds them from "
+            f"trajectories), got {type(groups[0]).__name__}"
+        )
+    seen: set[str] = set()
+    for g in groups:
+        if g.group_id in seen:
+            raise ConfigError(f"two groups share the group id {g.group_id!r}; credit would merge them")
+        seen.add(g.group_id)
+    trajectories = [t for g in groups for t in g]
     bad = [tr.meta.episode_id or f"#{i}" for i, tr in enumerate(trajectories) if tr.infra_failure]
     if bad:
         raise ConfigError(
@@ -138,7 +151,7 @@ def collate(
         loss_mask_B_T=mask,
         old_logprobs_B_T=old,
         token_rewards_B_T=rew,
-        group_ids=tuple(tr.meta.group_id for tr in trajectories),
+        group_ids=tuple(g.group_id for g in groups for _ in g),
         lengths_B=lengths,
     )
     return batch if device is None else batch.to(device)

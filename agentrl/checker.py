@@ -2,22 +2,22 @@
 
 Checks, in order: ``reset`` returns ``(tuple[Message, ...], dict)``; the same seed gives the same first
 observation; different seeds are not all identical (a warning only: some envs have one task); ``step``
-returns the Gymnasium 5-tuple with the right types and a finite reward; bad actions (empty text, garbage,
-a malformed tool call) are answered, not raised; episodes end with ``terminated`` or ``truncated`` and an
-seeded episode with plain-text answers ends (else a warning); a seeded episode is
-reproducible step by step; the two ``info`` keys the rollout reads have the right types.
+returns a valid :class:`~agentrl.env.StepResult` (or Gymnasium's 5-tuple, read by
+:func:`~agentrl.env.as_step_result`): a tuple of messages, a finite reward, bool flags, an assistant message
+and tool records of the right types; bad actions (empty text, garbage, a malformed tool call) are answered,
+not raised; a seeded episode with plain-text answers ends (else a warning); a seeded episode is
+reproducible step by step.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any
 
 from agentrl._sync import run_sync
-from agentrl.env import INFO_ASSISTANT_MESSAGE, INFO_TOOL_RECORDS, Env
+from agentrl.env import Env, StepResult, as_step_result
 from agentrl.errors import EnvContractError
-from agentrl.types import Action, Message, ToolRecord
+from agentrl.types import Action, Message
 
 __all__ = ["acheck_env", "check_env"]
 
@@ -73,7 +73,7 @@ async def _reset(env: Env, seed: int) -> tuple[tuple[Message, ...], dict[str, An
     return obs, info
 
 
-async def _step(env: Env, action: Action, name: str) -> tuple[Any, ...]:
+async def _step(env: Env, action: Action, name: str) -> StepResult:
     try:
         out = await env.step(action)
     except Exception as e:
@@ -81,24 +81,10 @@ async def _step(env: Env, action: Action, name: str) -> tuple[Any, ...]:
             f"{name}.step raised {type(e).__name__} on the action {action.text[:60]!r}; bad actions "
             "must be answered with a message and a reward, not an exception"
         ) from e
-    if not (isinstance(out, tuple) and len(out) == 5):
-        raise EnvContractError(f"{name}.step must return a 5-tuple, got {out!r:.200}")
-    obs, reward, terminated, truncated, info = out
-    if not isinstance(obs, tuple) or not all(isinstance(m, Message) for m in obs):
-        raise EnvContractError(f"{name}.step observation must be a tuple of Message")
-    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
-        raise EnvContractError(f"{name}.step reward must be a finite float, got {reward!r}")
-    if not isinstance(terminated, bool) or not isinstance(truncated, bool):
-        raise EnvContractError(f"{name}.step terminated/truncated must be bools")
-    if not isinstance(info, dict):
-        raise EnvContractError(f"{name}.step info must be a dict")
-    msg = info.get(INFO_ASSISTANT_MESSAGE)
-    if msg is not None and not (isinstance(msg, Message) and msg.role == "assistant"):
-        raise EnvContractError(f"{name}: info[{INFO_ASSISTANT_MESSAGE!r}] must be an assistant Message")
-    records = info.get(INFO_TOOL_RECORDS, ())
-    if not isinstance(records, tuple) or not all(isinstance(r, ToolRecord) for r in records):
-        raise EnvContractError(f"{name}: info[{INFO_TOOL_RECORDS!r}] must be a tuple of ToolRecord")
-    return out
+    try:
+        return as_step_result(out)
+    except EnvContractError as e:
+        raise EnvContractError(f"{name}.{e}") from None
 
 
 async def _episode(env: Env, seed: int, max_steps: int, name: str) -> list[tuple[Any, ...]]:
@@ -106,14 +92,16 @@ async def _episode(env: Env, seed: int, max_steps: int, name: str) -> list[tuple
     obs, _ = await _reset(env, seed)
     trace: list[tuple[Any, ...]] = [obs]
     for k in range(max_steps):
-        obs, reward, terminated, truncated, info = await _step(env, Action(text=f"{k}"), name)
-        records = tuple((r.name, r.output, r.status) for r in info.get(INFO_TOOL_RECORDS, ()))
-        trace.append((obs, float(reward), terminated, truncated, records))
-        if terminated or truncated:
+        res = await _step(env, Action(text=f"{k}"), name)
+        records = tuple((r.name, r.output, r.status) for r in res.tool_calls)
+        trace.append(
+            (res.observation, res.reward, res.terminated, res.truncated, res.assistant_message, records)
+        )
+        if res.terminated or res.truncated:
             return trace
     warnings.warn(
-        f"{name}: no episode end within {max_steps} steps of plain answers; add a turn limit "
-        "(truncated=True) so a stuck model cannot run forever",
+        f"{name}: no episode end within {max_steps} steps of plain answers; only the rollout's max_turns "
+        "will end such episodes (end them by a rule of the task: terminated or truncated)",
         stacklevel=3,
     )
     return trace

@@ -1,13 +1,15 @@
 """Checkpoints of a training run: model, optimizer, RNG states and the data position, written atomically.
 
-Layout under a run directory::
+Layout under a run directory (named by :class:`agentrl.run.RunDir`)::
 
     checkpoints/step-000003/   model (HF save_pretrained), optimizer.pt, rng.pt, state.json
     checkpoints/step-000006/   ...
 
 ``step-N`` holds the state *after* N completed training steps, so resuming from it runs step N next (steps
 are 0-based). Each checkpoint is written to a temporary folder and renamed into place, so a kill at any moment
-leaves either the old or the new checkpoint, never half of one.
+leaves either the old or the new checkpoint, never half of one. Finding checkpoints is
+:meth:`RunDir.latest_checkpoint <agentrl.run.RunDir.latest_checkpoint>`'s job; this module reads and writes
+their contents.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ import numpy as np
 import torch
 
 from agentrl.errors import ConfigError, StoreError
+from agentrl.run import Checkpoint, RunDir, checkpoint_step
 
-__all__ = ["CheckpointState", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CheckpointState", "load_checkpoint", "save_checkpoint"]
 
-_PREFIX = "step-"
+_OPTIMIZER = "optimizer.pt"
+_RNG = "rng.pt"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,39 +66,41 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(
-    run_dir: str | os.PathLike[str],
+    run_dir: RunDir | str | os.PathLike[str],
     *,
     model: Any,
     optimizer: torch.optim.Optimizer | None,
     state: CheckpointState,
     tokenizer: Any = None,
     keep: int = 2,
-) -> Path:
+) -> Checkpoint:
     """Write ``checkpoints/step-<N>`` atomically and keep only the newest ``keep`` checkpoints."""
     if keep < 1:
         raise ConfigError(f"keep must be >= 1, got {keep}")
-    root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"{_PREFIX}{state.step:06d}"
-    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    run = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
+    ckpt = run.checkpoint(state.step)
+    final = ckpt.path
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    model.save_pretrained(tmp / "model", safe_serialization=True)
+    staged = Checkpoint(state.step, tmp)
+    model.save_pretrained(staged.model_dir, safe_serialization=True)
     if tokenizer is not None:
-        tokenizer.save_pretrained(tmp / "model")
+        tokenizer.save_pretrained(staged.model_dir)
     if optimizer is not None:
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(_rng_state(), tmp / "rng.pt")
-    (tmp / "state.json").write_text(
+        torch.save(optimizer.state_dict(), tmp / _OPTIMIZER)
+    torch.save(_rng_state(), tmp / _RNG)
+    staged.state_path.write_text(
         json.dumps({"step": state.step, "policy_version": state.policy_version, "extra": state.extra})
     )
     _fsync_tree(tmp)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    for old in sorted(p for p in root.iterdir() if p.name.startswith(_PREFIX))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+    for old in run.checkpoints(complete=False)[:-keep]:
+        shutil.rmtree(old.path, ignore_errors=True)
+    return ckpt
 
 
 def _fsync_tree(path: Path) -> None:
@@ -104,32 +110,24 @@ def _fsync_tree(path: Path) -> None:
                 os.fsync(fh.fileno())
 
 
-def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
-    """The newest complete checkpoint of a run, or None."""
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return None
-    done = sorted(p for p in root.iterdir() if p.name.startswith(_PREFIX) and (p / "state.json").exists())
-    return done[-1] if done else None
-
-
 def load_checkpoint(
-    path: str | os.PathLike[str],
+    path: Checkpoint | str | os.PathLike[str],
     *,
     model: Any = None,
     optimizer: torch.optim.Optimizer | None = None,
     restore_rng: bool = True,
 ) -> CheckpointState:
     """Load weights into ``model`` and state into ``optimizer`` (each optional); restore RNG states."""
-    ckpt = Path(path)
+    ckpt = path.path if isinstance(path, Checkpoint) else Path(path)
+    found = Checkpoint(checkpoint_step(ckpt.name) or 0, ckpt)
     try:
-        meta = json.loads((ckpt / "state.json").read_text())
+        meta = json.loads(found.state_path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise StoreError(f"{ckpt} is not a complete checkpoint: {e}") from e
     if model is not None:
         from safetensors.torch import load_file
 
-        files = sorted((ckpt / "model").glob("*.safetensors"))
+        files = sorted(found.model_dir.glob("*.safetensors"))
         if not files:
             raise StoreError(f"{ckpt}/model has no safetensors weights")
         state: dict[str, torch.Tensor] = {}
@@ -143,9 +141,9 @@ def load_checkpoint(
                 f"{ckpt}: weights do not fit the model (missing {missing}, unexpected {unexpected})"
             )
     if optimizer is not None:
-        optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
+        optimizer.load_state_dict(torch.load(ckpt / _OPTIMIZER, weights_only=False))
     if restore_rng:
-        _set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False))
+        _set_rng_state(torch.load(ckpt / _RNG, weights_only=False))
     return CheckpointState(
         step=int(meta["step"]), policy_version=int(meta["policy_version"]), extra=meta["extra"]
     )

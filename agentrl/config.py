@@ -1,10 +1,13 @@
-"""Typed configs from the command line: frozen dataclasses in, ``argparse`` flags out.
+"""Typed configs from the command line and ``config.json``: frozen dataclasses in, ``argparse`` flags out.
 
 Every field of a config dataclass becomes a flag; nested dataclasses become dotted flags
 (``--learner.lr 1e-6``). Underscores may be written as dashes (``--group-size``). Each field's attribute
-docstring is its ``--help`` text. Unknown flags, values of the wrong type and (through the config's own
-``__post_init__``) contradictory settings are rejected with a message naming the flag, so nothing is a
-silent no-op.
+docstring is its ``--help`` text. A field typed as a union of dataclasses that name themselves with a class
+attribute ``name`` is a *choice* (the advantage estimators): ``--estimator grpo`` picks the member,
+``--estimator.norm-by-std false`` sets one of its options, and its dict form is the member's fields plus
+``"name"`` (a bare name also reads). Unknown flags, values of the wrong type, options the chosen member lacks
+and (through the config's own ``__post_init__``) contradictory settings are rejected with a message naming
+the flag, so nothing is a silent no-op. The README's "Training" section says why this is not a library.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import inspect
 import itertools
 import json
@@ -19,6 +23,7 @@ import textwrap
 import types
 import typing
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import Enum
 from functools import cache
 from typing import Any, TypeVar
@@ -101,7 +106,47 @@ def _convert(value: str, tp: Any, flag: str) -> Any:
     raise ConfigError(f"{flag}: unsupported field type {tp!r}")
 
 
-def _walk(cls: type, prefix: str = "") -> list[tuple[str, dataclasses.Field[Any], Any, str]]:
+def _is_choice_member(tp: Any) -> bool:
+    """A dataclass that names itself with a class attribute ``name`` (not a field)."""
+    return (
+        isinstance(tp, type)
+        and dataclasses.is_dataclass(tp)
+        and isinstance(getattr(tp, "name", None), str)
+        and "name" not in {f.name for f in dataclasses.fields(tp)}
+    )
+
+
+def _choices(tp: Any) -> dict[str, type] | None:
+    """``{name: class}`` when ``tp`` is a union of self-naming dataclasses (a *choice*), else None."""
+    if typing.get_origin(tp) not in (typing.Union, types.UnionType):
+        return None
+    members = typing.get_args(tp)
+    if not all(_is_choice_member(m) for m in members):
+        return None
+    return {m.name: m for m in members}
+
+
+@dataclass(frozen=True)
+class _Setting:
+    """One flag: a plain field, a choice's selector (``--estimator``) or a choice's option."""
+
+    path: str
+    """Dotted path of the field (``learner.lr``, ``estimator``, ``estimator.eps``)."""
+    tp: Any
+    """The field's type (the union for a selector; None for an option, whose type depends on the member)."""
+    default: Any
+    """The field's default (``MISSING`` when it has none)."""
+    doc: str
+    """The field's attribute docstring."""
+    choices: Mapping[str, type] | None = None
+    """Selector only: the members by name."""
+    options: Mapping[str, tuple[Any, Any, str]] | None = None
+    """Option only: member name → (type, default, doc) for each member that has this field."""
+    choice_path: str = ""
+    """Option only: the path of its selector."""
+
+
+def _walk(cls: type, prefix: str = "") -> list[_Setting]:
     out = []
     hints = _hints(cls)
     docs = field_docs(cls)
@@ -110,10 +155,28 @@ def _walk(cls: type, prefix: str = "") -> list[tuple[str, dataclasses.Field[Any]
             continue
         tp = hints[f.name]
         path = f"{prefix}{f.name}"
+        doc = docs.get(f.name, "")
+        choices = _choices(tp)
         if dataclasses.is_dataclass(tp):
             out += _walk(tp, path + ".")  # type: ignore[arg-type]
+        elif choices is not None:
+            out.append(_Setting(path, tp, _default(f), doc, choices=choices))
+            per: dict[str, dict[str, tuple[Any, Any, str]]] = {}
+            for name, member in choices.items():
+                member_hints, member_docs = _hints(member), field_docs(member)
+                for mf in dataclasses.fields(member):
+                    if mf.init:
+                        per.setdefault(mf.name, {})[name] = (
+                            member_hints[mf.name],
+                            _default(mf),
+                            member_docs.get(mf.name, ""),
+                        )
+            out += [
+                _Setting(f"{path}.{opt}", None, dataclasses.MISSING, "", options=m, choice_path=path)
+                for opt, m in per.items()
+            ]
         else:
-            out.append((path, f, tp, docs.get(f.name, "")))
+            out.append(_Setting(path, tp, _default(f), doc))
     return out
 
 
@@ -125,69 +188,154 @@ def _default(f: dataclasses.Field[Any]) -> Any:
     return dataclasses.MISSING
 
 
+def _shown(value: Any) -> str:
+    return repr(value.value if isinstance(value, Enum) else value)
+
+
+def _choices_text(leaf: Any) -> str:
+    if isinstance(leaf, type) and issubclass(leaf, Enum):
+        return " {" + ",".join(str(m.value) for m in leaf) + "}"
+    if typing.get_origin(leaf) is typing.Literal:
+        return " {" + ",".join(map(str, typing.get_args(leaf))) + "}"
+    return ""
+
+
+def _summary(cls: type) -> str:
+    """First sentence of a class docstring, without its full stop."""
+    return " ".join((cls.__doc__ or cls.__name__).split()).split(". ")[0].rstrip(".")
+
+
+def _help(s: _Setting) -> tuple[str, str, bool]:
+    """(help text, metavar, is a bool) of one setting."""
+    if s.choices is not None:
+        text = f"{{{','.join(s.choices)}}}"
+        if s.default is not dataclasses.MISSING:
+            text += f" (default: {s.default.name!r})"
+        return text, "NAME", False
+    if s.options is not None:
+        parts = [
+            f"{n}: {doc}{_choices_text(_leaf_type(tp)[0])} (default: {_shown(d)})"
+            for n, (tp, d, doc) in s.options.items()
+        ]
+        leaves = {_leaf_type(tp)[0] for tp, _, _ in s.options.values()}
+        leaf = next(iter(leaves)) if len(leaves) == 1 else None
+        return "; ".join(parts), getattr(leaf, "__name__", "VALUE").upper(), leaf is bool
+    leaf, _ = _leaf_type(s.tp)
+    text = f"{s.doc}{_choices_text(leaf)}"
+    if s.default is not dataclasses.MISSING:
+        text += f" (default: {_shown(s.default)})"
+    return text, getattr(leaf, "__name__", "VALUE").upper(), leaf is bool
+
+
 def add_config_arguments(
     parser: argparse.ArgumentParser, cls: type, *, aliases: Mapping[str, str] = {}
 ) -> None:
-    """Add one flag per (nested) field of ``cls``; ``aliases`` maps short flags to dotted paths."""
+    """Add one flag per (nested) field of ``cls``; ``aliases`` maps short flags to dotted paths.
+
+    A field typed as a union of self-naming dataclasses (a *choice*, e.g. the advantage estimators) gets
+    a selector flag (``--estimator grpo``) and one flag per option of its members
+    (``--estimator.norm-by-std false``).
+    """
     reverse = {v: k for k, v in aliases.items()}
-    for path, f, tp, doc in _walk(cls):
-        flags = [f"--{path}"]
-        if "_" in path:
-            flags.append(f"--{path.replace('_', '-')}")
-        if path in reverse:
-            flags.append(f"--{reverse[path]}")
-        default = _default(f)
-        leaf, _ = _leaf_type(tp)
-        choices = ""
-        if isinstance(leaf, type) and issubclass(leaf, Enum):
-            choices = " {" + ",".join(str(m.value) for m in leaf) + "}"
-        elif typing.get_origin(leaf) is typing.Literal:
-            choices = " {" + ",".join(map(str, typing.get_args(leaf))) + "}"
-        shown = default.value if isinstance(default, Enum) else default
-        help_text = f"{doc}{choices} (default: {shown!r})" if default is not dataclasses.MISSING else doc
-        parser.add_argument(
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    try:  # a nested config's defaults are those of the outer config's default instance, not its class's
+        base: Any = cls()
+    except (TypeError, ConfigError):
+        base = None
+    for s in _walk(cls):
+        if base is not None and s.options is None and s.default is not dataclasses.MISSING:
+            s = dataclasses.replace(s, default=functools.reduce(getattr, s.path.split("."), base))
+        if s.choices is not None:
+            members = "; ".join(f"{n} = {_summary(c)}" for n, c in s.choices.items())
+            groups[s.path] = parser.add_argument_group(
+                f"--{s.path}",
+                f"{s.doc.rstrip('.')}. --{s.path} NAME picks one: {members}. --{s.path}.<option> sets an "
+                "option of the one picked (an option it does not have is an error).".replace("%", "%%"),
+            )
+        target = groups.get(s.choice_path or s.path, parser)
+        flags = [f"--{s.path}"]
+        if "_" in s.path:
+            flags.append(f"--{s.path.replace('_', '-')}")
+        if s.path in reverse:
+            flags.append(f"--{reverse[s.path]}")
+        text, metavar, is_bool = _help(s)
+        target.add_argument(
             *dict.fromkeys(flags),
-            dest=path,
+            dest=s.path,
             default=argparse.SUPPRESS,
-            metavar=getattr(leaf, "__name__", "VALUE").upper(),
-            help=help_text.replace("%", "%%"),
+            metavar=metavar,
+            help=text.replace("%", "%%"),
         )
-        if leaf is bool:
-            parser.add_argument(
-                f"--no-{path.replace('_', '-')}",
-                dest=path,
+        if is_bool:
+            target.add_argument(
+                f"--no-{s.path.replace('_', '-')}",
+                dest=s.path,
                 action="store_const",
                 const="false",
                 default=argparse.SUPPRESS,
-                help=f"same as --{path} false",
+                help=f"same as --{s.path} false",
             )
+
+
+def _node(tree: dict[str, Any], path: str) -> tuple[dict[str, Any], str]:
+    """The dict holding ``path``'s last part in a nested dict (created on the way), and that part."""
+    *parents, leaf = path.split(".")
+    for p in parents:
+        tree = tree.setdefault(p, {})
+    return tree, leaf
+
+
+def _chosen(value: Any, default: Any) -> str | None:
+    """The member name a choice's dict form (or bare name) selects, else the default's."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and "name" in value:
+        return str(value["name"])
+    return default.name if _is_choice_member(type(default)) else None
 
 
 def config_from_args(cls: type[C], ns: argparse.Namespace, base: C | None = None) -> C:
     """Build ``cls`` from parsed flags, starting from ``base`` (or the defaults)."""
-    given = {k: v for k, v in vars(ns).items() if "." in k or k in {f.name for f in dataclasses.fields(cls)}}  # type: ignore[arg-type]
-    overrides: dict[str, Any] = {}
-    types_by_path = {path: tp for path, _, tp, _ in _walk(cls)}
-    for path, raw in given.items():
-        if path not in types_by_path:
-            continue
-        overrides[path] = _convert(raw, types_by_path[path], f"--{path}") if isinstance(raw, str) else raw
-    start = config_to_dict(base) if base is not None else {}
-    for path, value in overrides.items():
-        node = start
-        *parents, leaf = path.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return config_from_dict(cls, start)
+    settings = {s.path: s for s in _walk(cls)}
+    given = {k: v for k, v in vars(ns).items() if k in settings}
+    tree = config_to_dict(base) if base is not None else {}
+    # Selectors first: an option given before its --estimator still applies to the chosen member.
+    for path in sorted(given, key=lambda p: settings[p].choices is None):
+        s, raw, flag = settings[path], given[path], f"--{path}"
+        node, leaf = _node(tree, s.choice_path or path)
+        if s.choices is not None:
+            if raw not in s.choices:
+                raise ConfigError(f"{flag}: cannot read {raw!r}: expected one of {list(s.choices)}")
+            if _chosen(node.get(leaf), s.default) != raw or not isinstance(node.get(leaf), Mapping):
+                node[leaf] = {"name": raw}  # another member: its own defaults, not the old one's options
+        elif s.options is not None:
+            chosen = _chosen(node.get(leaf), settings[s.choice_path].default)
+            if chosen is None or chosen not in s.options:
+                own = [f"--{o.path}" for o in settings.values() if o.options and chosen in o.options]
+                own = [o for o in own if o.startswith(f"--{s.choice_path}.")]
+                raise ConfigError(
+                    f"{flag} does not apply to --{s.choice_path} {chosen} "
+                    f"(its options: {', '.join(own) if own else 'none'})"
+                )
+            tp = s.options[chosen][0]
+            entry = dict(node[leaf]) if isinstance(node.get(leaf), Mapping) else {"name": chosen}
+            entry[path.rsplit(".", 1)[1]] = _convert(raw, tp, flag) if isinstance(raw, str) else raw
+            node[leaf] = entry
+        else:
+            node[leaf] = _convert(raw, s.tp, flag) if isinstance(raw, str) else raw
+    return config_from_dict(cls, tree)
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
-    """A JSON-ready dict of a config (enums as their values, tuples as lists)."""
+    """A JSON-ready dict of a config (enums as their values, tuples as lists, a choice's member as its
+    fields plus ``"name"``)."""
 
     def plain(v: Any) -> Any:
         if dataclasses.is_dataclass(v) and not isinstance(v, type):
-            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+            fields = {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+            if _is_choice_member(type(v)):
+                return {"name": type(v).name, **fields}  # type: ignore[attr-defined]
+            return fields
         if isinstance(v, Enum):
             return v.value
         if isinstance(v, tuple | list):
@@ -200,41 +348,92 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
     return out
 
 
-def config_from_dict(cls: type[C], data: Mapping[str, Any], *, where: str = "") -> C:
-    """Build ``cls`` from a (possibly partial, nested) dict; unknown keys are an error."""
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def _choice_from(choices: Mapping[str, type], value: Any, where: str, default: Any) -> Any:
+    if isinstance(value, tuple(choices.values())):
+        return value
+    if not isinstance(value, str | Mapping):
+        raise ConfigError(
+            f"{where}: expected a name from {list(choices)} or a mapping with 'name', "
+            f"got {type(value).__name__}"
+        )
+    name = _chosen(value, default)
+    if name is None or name not in choices:
+        raise ConfigError(f"{where}: unknown name {name!r}; expected one of {list(choices)}")
+    options = {k: v for k, v in value.items() if k != "name"} if isinstance(value, Mapping) else {}
+    cls = choices[name]
+    # The same member as the default starts from the default's options; another member from its own.
+    return config_from_dict(cls, options, where=where, defaults=default if type(default) is cls else None)
+
+
+def _from_json(tp: Any, value: Any, where: str, default: Any) -> Any:
+    """One field's value from its JSON form."""
+    if dataclasses.is_dataclass(tp):
+        return config_from_dict(
+            tp,  # type: ignore[arg-type]
+            value,
+            where=where,
+            defaults=None if default is dataclasses.MISSING else default,
+        )
+    choices = _choices(tp)
+    if choices is not None:
+        return _choice_from(choices, value, where, default)
+    leaf, _ = _leaf_type(tp)
+    if (
+        isinstance(leaf, type)
+        and issubclass(leaf, Enum)
+        and value is not None
+        and not isinstance(value, leaf)
+    ):
+        try:
+            return leaf(value)
+        except ValueError as e:
+            raise ConfigError(f"--{where}: {e}") from e
+    if typing.get_origin(leaf) in (tuple, Sequence) and isinstance(value, list):
+        return tuple(value)
+    if leaf is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def config_from_dict(cls: type[C], data: Any, *, where: str = "", defaults: C | None = None) -> C:
+    """Build ``cls`` from a (possibly partial, nested) dict; unknown keys are an error.
+
+    Missing settings take the value in ``defaults`` when given, else the field's default; a nested
+    config's missing settings take the values of the enclosing config's default for it (so
+    ``{"learner": {"lr": 1e-6}}`` keeps every other setting of the default learner). ``cls`` may also be
+    a choice (a union of self-naming dataclasses); ``data`` is then a member's name or its dict form.
+    """
+    choices = _choices(cls)
+    if choices is not None:
+        out: C = _choice_from(choices, data, where or "value", defaults)
+        return out
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}")
     hints = _hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
-    unknown = set(data) - names
+    fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    unknown = set(data) - {f.name for f in fields}
     if unknown:
+        owner = f" of {cls.name}" if _is_choice_member(cls) else ""  # type: ignore[attr-defined]
         raise ConfigError(
-            f"unknown setting(s) {sorted(where + k for k in unknown)}; "
-            f"known: {sorted(where + n for n in names)}"
+            f"unknown setting(s){owner} {sorted(_join(where, k) for k in unknown)}; "
+            f"known: {sorted(_join(where, f.name) for f in fields) or 'none'}"
         )
     kwargs: dict[str, Any] = {}
-    for name, value in data.items():
-        tp = hints[name]
-        if dataclasses.is_dataclass(tp):
-            kwargs[name] = config_from_dict(tp, value, where=f"{where}{name}.")  # type: ignore[arg-type]
-            continue
-        leaf, _ = _leaf_type(tp)
-        if (
-            isinstance(leaf, type)
-            and issubclass(leaf, Enum)
-            and value is not None
-            and not isinstance(value, leaf)
-        ):
-            try:
-                value = leaf(value)
-            except ValueError as e:
-                raise ConfigError(f"--{where}{name}: {e}") from e
-        elif typing.get_origin(leaf) in (tuple, Sequence) and isinstance(value, list):
-            value = tuple(value)
-        elif leaf is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        kwargs[name] = value
+    for f in fields:
+        default = getattr(defaults, f.name) if defaults is not None else _default(f)
+        if f.name in data:
+            kwargs[f.name] = _from_json(hints[f.name], data[f.name], _join(where, f.name), default)
+        elif default is not dataclasses.MISSING:
+            kwargs[f.name] = default
     try:
         return cls(**kwargs)
     except TypeError as e:
         raise ConfigError(f"{where or cls.__name__}: {e}") from e
+    except ConfigError as e:
+        if not where:
+            raise
+        raise ConfigError(f"{where}: {e}") from e

@@ -1,67 +1,180 @@
-"""The environment contract: Gymnasium's, made async, with chat messages as observations."""
+"""The environment contract: Gymnasium's, made async, with chat messages as observations.
+
+The whole contract::
+
+    class MyEnv(Env):
+        async def reset(self, *, seed=None, options=None) -> tuple[Observation, dict]:
+            self.seed(seed)                      # reseeds self.rng (a random.Random)
+            return (Message("user", "..."),), {}  # the first messages, and info
+
+        async def step(self, action: Action) -> StepResult:
+            return StepResult(observation, reward, terminated=..., truncated=...,
+                              assistant_message=..., tool_calls=..., info={...})
+
+        async def close(self) -> None: ...       # optional; envs are async context managers
+
+``step`` returns a :class:`StepResult`. Gymnasium's 5-tuple ``(observation, reward, terminated, truncated,
+info)`` is accepted as well and read by :func:`as_step_result` as a ``StepResult`` with no parsed
+assistant message and no tool records; its ``info`` is the env's own and nothing in it is read (an
+agentrl ``Message``/``ToolRecord`` under the old ``info`` keys is refused rather than silently dropped).
+"""
 
 from __future__ import annotations
 
+import math
 import random
+import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from agentrl.types import Action, Message
+from agentrl.errors import EnvContractError
+from agentrl.types import Action, Message, ToolRecord
 
-__all__ = ["INFO_ASSISTANT_MESSAGE", "INFO_TOOL_RECORDS", "Env", "Observation", "StepReturn"]
+__all__ = ["Env", "Observation", "StepResult", "as_step_result"]
 
 Observation = tuple[Message, ...]
-StepReturn = tuple[Observation, float, bool, bool, dict[str, Any]]
+"""What the model is shown: a tuple of chat messages."""
 
-INFO_ASSISTANT_MESSAGE = "assistant_message"
-"""``info`` key: the model's turn as the env parsed it (a :class:`Message` with ``tool_calls``)."""
-INFO_TOOL_RECORDS = "tool_records"
-"""``info`` key: a tuple of :class:`agentrl.types.ToolRecord` for the tool calls this step executed."""
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What :meth:`Env.step` returns. Validated on construction (:class:`EnvContractError`)."""
+
+    observation: Observation = ()
+    """The *new* messages for the model (tool results, feedback); empty when the episode ended."""
+    reward: float = 0.0
+    """Reward for this step (a finite number)."""
+    terminated: bool = False
+    """The task itself ended: answered, solved, lost (Gymnasium's ``terminated``)."""
+    truncated: bool = False
+    """A rule of the env cut the episode short (Gymnasium's ``truncated``); the rollout's own limits
+    (turns, tokens) are not the env's business."""
+    assistant_message: Message | None = None
+    """The model's turn as the env parsed it (content and ``tool_calls``); recorded in the trajectory.
+    ``None``: the rollout records the turn's plain text."""
+    tool_calls: tuple[ToolRecord, ...] = ()
+    """What each tool call of this turn did (input, output, status, duration)."""
+    info: Mapping[str, Any] = field(default_factory=dict)
+    """The env's own diagnostics, free for its author; agentrl reads nothing in it."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "observation", _tuple_of(self.observation, Message, "observation"))
+        r = self.reward
+        if isinstance(r, bool) or not isinstance(r, int | float) or not math.isfinite(r):
+            raise EnvContractError(f"step's reward must be a finite float, got {r!r}")
+        object.__setattr__(self, "reward", float(r))
+        if not isinstance(self.terminated, bool) or not isinstance(self.truncated, bool):
+            raise EnvContractError(
+                f"step's terminated/truncated must be bools, got {self.terminated!r}, {self.truncated!r}"
+            )
+        msg = self.assistant_message
+        if msg is not None and not (isinstance(msg, Message) and msg.role == "assistant"):
+            raise EnvContractError(f"step's assistant_message must be an assistant Message, got {msg!r:.200}")
+        object.__setattr__(self, "tool_calls", _tuple_of(self.tool_calls, ToolRecord, "tool_calls"))
+        if not isinstance(self.info, Mapping):
+            raise EnvContractError(f"step's info must be a dict, got {type(self.info).__name__}")
+
+    @property
+    def infra_error(self) -> str | None:
+        """What broke when a tool call failed for infrastructure reasons (the sandbox), else ``None``.
+        The rollout ends such an episode as ``sandbox_error`` and never trains on it."""
+        for c in self.tool_calls:
+            if c.status.is_infra:
+                return c.detail or c.output or "sandbox error"
+        return None
+
+    def to_gymnasium(self) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        """Gymnasium's ``(observation, reward, terminated, truncated, info)`` (``info`` copied)."""
+        return self.observation, self.reward, self.terminated, self.truncated, dict(self.info)
+
+
+def _tuple_of(value: Any, kind: type, what: str) -> tuple[Any, ...]:
+    """``value`` as a tuple of ``kind`` (a list is accepted and converted)."""
+    items = tuple(value) if isinstance(value, list) else value
+    if not isinstance(items, tuple) or not all(isinstance(x, kind) for x in items):
+        raise EnvContractError(f"step's {what} must be a tuple of {kind.__name__}, got {value!r:.200}")
+    return items
+
+
+_OLD_INFO_KEYS = ("assistant_message", "tool_records")
+
+
+def as_step_result(out: object) -> StepResult:
+    """Read what ``Env.step`` returned: a :class:`StepResult`, or Gymnasium's 5-tuple (read as a
+    ``StepResult`` without a parsed message or tool records). Anything else is an :class:`EnvContractError`.
+    """
+    if isinstance(out, StepResult):
+        return out
+    if not (isinstance(out, tuple) and len(out) == 5):
+        raise EnvContractError(
+            f"step must return a StepResult or (observation, reward, terminated, truncated, info), "
+            f"got {out!r:.200}"
+        )
+    obs, reward, terminated, truncated, info = out
+    if isinstance(info, Mapping):
+        for key in _OLD_INFO_KEYS:
+            value = info.get(key)
+            records = isinstance(value, tuple) and bool(value) and isinstance(value[0], ToolRecord)
+            if isinstance(value, Message) or records:
+                raise EnvContractError(
+                    f"step put agentrl records in info[{key!r}], which is no longer read (info is the env's "
+                    "own); return StepResult(..., assistant_message=..., tool_calls=...) instead"
+                )
+    return StepResult(obs, reward, terminated, truncated, info=info)
 
 
 class Env(ABC):
     """An async, Gymnasium-faithful text environment for a language-model agent.
 
-    ``reset(*, seed=None, options=None) -> (observation, info)`` starts an episode. The observation is the
-    tuple of messages the model sees first (system prompt, task). ``step(action) -> (observation, reward,
-    terminated, truncated, info)`` takes the model's turn (:class:`Action`: its text and sampled ids) and
-    returns the *new* messages for the model (tool results, feedback; empty when the episode ended), the
-    reward for this step, and Gymnasium's episode-end flags: ``terminated`` — the task itself ended
-    (answered, solved, lost); ``truncated`` — a limit of the env cut it short. ``close()`` releases
-    resources (sandboxes). Envs are async context managers.
+    ``reset(*, seed=None, options=None) -> (observation, info)`` starts an episode; the observation is the
+    tuple of messages the model sees first (system prompt, task). ``step(action) -> StepResult`` takes the
+    model's turn (:class:`Action`: its text and sampled ids) and says what the model sees next, the reward,
+    whether the episode ended (``terminated``: the task ended; ``truncated``: a rule of the env cut it
+    short), and, for tool envs, the parsed assistant message and the tool records. ``close()`` releases
+    resources (sandboxes). The turn and token limits belong to the rollout
+    (:class:`~agentrl.episode.RolloutConfig`), not the env; a standalone Gymnasium user sets one with
+    ``gymnasium.make(..., max_episode_steps=N)``.
 
     Bad actions (unparseable text, malformed tool calls) are the model's business: answer them with a
     message and a reward, never an exception. Raise only when the env itself is broken; the rollout records
     that as an ``env_error`` and never scores it as reward 0.
 
-    Two ``info`` keys are read by the rollout: :data:`INFO_ASSISTANT_MESSAGE` (the parsed assistant message
-    with tool calls, recorded in the trajectory) and :data:`INFO_TOOL_RECORDS` (what each tool call did).
-
-    Seeding follows Gymnasium: ``reset(seed=s)`` reseeds ``self.np_random`` (a ``random.Random``) so the
-    same seed gives the same task; ``reset()`` without a seed continues the current stream.
+    Randomness: draw every random choice from ``self.rng``, a :class:`random.Random` (not a numpy
+    Generator). ``reset(seed=s)`` calls ``self.seed(s)``, so the same seed gives the same task;
+    ``reset()`` without a seed continues the current stream.
 
     Example::
 
         class Echo(Env):
             async def reset(self, *, seed=None, options=None):
-                super().seed(seed)
+                self.seed(seed)
                 return (Message("user", "say hi"),), {}
 
             async def step(self, action):
-                return (), float(action.text.strip() == "hi"), True, False, {}
+                return StepResult(reward=float(action.text.strip() == "hi"), terminated=True)
     """
 
     tools: ClassVar[Sequence[dict[str, Any]]] = ()
     """OpenAI function schemas of the tools this env offers (rendered into the prompt by the rollout)."""
     spec_id: str | None = None
     """Registered id, set by :func:`agentrl.make`."""
-    np_random: random.Random
+    rng: random.Random
+    """The env's random stream (a ``random.Random``); set and reseeded by :meth:`seed`."""
 
     def seed(self, seed: int | None) -> None:
-        """Reseed ``self.np_random`` (call from ``reset``); ``None`` keeps the current stream."""
-        if seed is not None or not hasattr(self, "np_random"):
-            self.np_random = random.Random(seed)
+        """Reseed ``self.rng`` (call from ``reset``); ``None`` keeps the current stream."""
+        if seed is not None or not hasattr(self, "rng"):
+            self.rng = random.Random(seed)
+
+    @property
+    def np_random(self) -> random.Random:
+        """Deprecated name of :attr:`rng` (it never was a numpy Generator)."""
+        warnings.warn(
+            "Env.np_random is deprecated; use Env.rng (a random.Random)", DeprecationWarning, stacklevel=2
+        )
+        return self.rng
 
     @abstractmethod
     async def reset(
@@ -70,8 +183,8 @@ class Env(ABC):
         """Start an episode; return the first messages and an info dict."""
 
     @abstractmethod
-    async def step(self, action: Action) -> StepReturn:
-        """Apply the model's turn; return (new messages, reward, terminated, truncated, info)."""
+    async def step(self, action: Action) -> StepResult:
+        """Apply the model's turn; return a :class:`StepResult`."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release resources. Idempotent."""

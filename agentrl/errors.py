@@ -5,11 +5,14 @@ meaning, the class also derives from it, so existing ``except ValueError`` claus
 
     AgentRLError
     ├── ConfigError (ValueError)            bad argument, config value or combination (raised up front)
+    ├── FormatError (ValueError)            data in a wire format is malformed (an OpenAI message or tool-call
+    │                                       dict, a record of a trajectory read back)
     ├── EnvNotFoundError (KeyError)         agentrl.make() with an id nobody registered
     ├── EnvContractError (TypeError)        an Env broke the contract (wrong return shape, step after the end)
     ├── EpisodeError                        something went wrong *inside* an episode; becomes data on the
     │   │                                   Trajectory (errors + stop reason), the episode is still recorded
     │   ├── ToolCallError                   the model's tool call was unusable (bad JSON, unknown tool, args)
+    │   │   └── CalculatorError (ValueError)  the calculator's expression is not arithmetic or is too large
     │   └── TemplateError                   the chat template is not append-only for this conversation
     ├── InfraError                          the machinery failed, not the model; never scored as reward 0:
     │   │                                   trajectories carrying one are marked ``infra_failure`` and dropped
@@ -17,7 +20,8 @@ meaning, the class also derives from it, so existing ``except ValueError`` claus
     │   │   └── SandboxSelfTestError        a resource limit did not trip during the startup self-test
     │   └── PolicyError (RuntimeError)      generation failed (server down, engine crashed)
     ├── StoreError (OSError)                the trajectory store could not be read or written
-    │   └── SchemaError (ValueError)        a stored record does not match the schema it claims
+    │   └── SchemaError (FormatError)       a stored record does not match the schema it claims (names the
+    │                                       file and line)
     └── AuditError (AssertionError)         a trajectory's tokens, mask and log-probs disagree
 
 Rule of thumb: ``EpisodeError`` subclasses are the model's or the environment's business and are recorded;
@@ -30,10 +34,12 @@ from __future__ import annotations
 __all__ = [
     "AgentRLError",
     "AuditError",
+    "CalculatorError",
     "ConfigError",
     "EnvContractError",
     "EnvNotFoundError",
     "EpisodeError",
+    "FormatError",
     "InfraError",
     "PolicyError",
     "SandboxError",
@@ -53,6 +59,10 @@ class ConfigError(AgentRLError, ValueError):
     """A bad argument, configuration value or combination of settings."""
 
 
+class FormatError(AgentRLError, ValueError):
+    """Data in a wire format (OpenAI messages and tool calls, trajectory records) is malformed."""
+
+
 class EnvNotFoundError(AgentRLError, KeyError):
     """No environment is registered under the requested id."""
 
@@ -70,6 +80,10 @@ class EpisodeError(AgentRLError):
 
 class ToolCallError(EpisodeError):
     """The model's tool call could not be parsed or executed as asked (the model can recover)."""
+
+
+class CalculatorError(ToolCallError, ValueError):
+    """The calculator tool's expression is not valid arithmetic, or it is too large to compute."""
 
 
 class TemplateError(EpisodeError):
@@ -96,8 +110,8 @@ class StoreError(AgentRLError, OSError):
     """The trajectory store could not be read or written."""
 
 
-class SchemaError(StoreError, ValueError):
-    """A stored record does not match its schema version."""
+class SchemaError(StoreError, FormatError):
+    """A stored record does not match its schema version (or is corrupt); the message names file and line."""
 
 
 class AuditError(AgentRLError, AssertionError):

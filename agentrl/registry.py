@@ -1,11 +1,15 @@
 """Environment registry: ``register``/``make``/``list_envs``, and the bridge to ``gymnasium.make``.
 
-Every id registered here is also registered with Gymnasium as ``agentrl/<id>``, so
-``gymnasium.make("agentrl/<id>")`` returns a synchronous :class:`GymnasiumEnv` with text spaces.
+Plug-ins load lazily. Third-party packages (and agentrl's own ``agentrl.envs``) register their environments
+through the ``agentrl.envs`` entry-point group: each entry point names a module that calls :func:`register`
+when imported. ``import agentrl`` imports none of them; the first :func:`make`, :func:`spec`,
+:func:`list_envs` or :func:`register_gymnasium` does (:func:`load_plugins`). The core never imports a
+plug-in package by name.
 
-Third-party packages (and agentrl's own ``agentrl.envs``) register their environments through the
-``agentrl.envs`` entry-point group: each entry point names a module that calls :func:`register` when
-imported. The core never imports a plug-in package by name.
+Gymnasium's registry is written explicitly. Nothing enters Gymnasium's global registry until
+:func:`register_gymnasium` is called; from then on every agentrl id (those registered before and after the
+call) is also Gymnasium's ``agentrl/<id>``, so ``gymnasium.make("agentrl/<id>")`` returns a synchronous
+:class:`GymnasiumEnv` with text spaces.
 """
 
 from __future__ import annotations
@@ -23,16 +27,27 @@ import gymnasium
 from gymnasium import spaces
 
 from agentrl._sync import run_sync
-from agentrl.env import Env
+from agentrl.env import Env, StepResult, as_step_result
 from agentrl.errors import ConfigError, EnvContractError, EnvNotFoundError
 from agentrl.types import Action, Message
 
-__all__ = ["EnvSpec", "GymnasiumEnv", "entry_point", "list_envs", "load_plugins", "make", "register", "spec"]
+__all__ = [
+    "EnvSpec",
+    "GymnasiumEnv",
+    "entry_point",
+    "list_envs",
+    "load_plugins",
+    "make",
+    "register",
+    "register_gymnasium",
+    "spec",
+]
 
 _ID_RE = re.compile(r"^[A-Za-z][\w.:-]*-v\d+$")
 _REGISTRY: dict[str, EnvSpec] = {}
 _plugins_loaded = False
 _plugins_loading = False
+_gymnasium_bridge = False
 
 EntryPoint = str | Callable[..., Env]
 
@@ -50,7 +65,8 @@ class EnvSpec:
 
 
 def register(id: str, entry_point: EntryPoint, **defaults: Any) -> EnvSpec:
-    """Register an environment under ``id`` (``name-vN``) and as ``agentrl/<id>`` with Gymnasium.
+    """Register an environment under ``id`` (``name-vN``); also as Gymnasium's ``agentrl/<id>`` once
+    :func:`register_gymnasium` has been called.
 
     Re-registering the same id with the same entry point replaces its defaults; a different entry point
     under an existing id is an error (two packages fighting over one name).
@@ -71,18 +87,34 @@ def register(id: str, entry_point: EntryPoint, **defaults: Any) -> EnvSpec:
         )
     env_spec = EnvSpec(id=id, entry_point=entry_point, defaults=dict(defaults))
     _REGISTRY[id] = env_spec
-    gym_id = f"agentrl/{id}"
-    if gym_id in gymnasium.registry:
-        del gymnasium.registry[gym_id]
-    gymnasium.register(id=gym_id, entry_point=_gym_factory(id), disable_env_checker=False)
+    if _gymnasium_bridge:
+        _register_with_gymnasium(id)
     return env_spec
 
 
-def _gym_factory(env_id: str) -> Callable[..., GymnasiumEnv]:
+def register_gymnasium() -> list[str]:
+    """Make every agentrl environment a Gymnasium one: ``gymnasium.make("agentrl/<id>")``.
+
+    Loads the plug-ins, registers each id as ``agentrl/<id>`` in Gymnasium's global registry, and keeps
+    doing so for ids registered later in this process. Idempotent. Returns the Gymnasium ids.
+    """
+    global _gymnasium_bridge
+    load_plugins()
+    _gymnasium_bridge = True
+    for env_id in _REGISTRY:
+        _register_with_gymnasium(env_id)
+    return [f"agentrl/{env_id}" for env_id in sorted(_REGISTRY)]
+
+
+def _register_with_gymnasium(env_id: str) -> None:
+    gym_id = f"agentrl/{env_id}"
+    if gym_id in gymnasium.registry:
+        del gymnasium.registry[gym_id]
+
     def factory(**kwargs: Any) -> GymnasiumEnv:
         return GymnasiumEnv(make(env_id, **kwargs))
 
-    return factory
+    gymnasium.register(id=gym_id, entry_point=factory, disable_env_checker=False)
 
 
 def load_plugins() -> None:
@@ -167,7 +199,10 @@ class GymnasiumEnv(gymnasium.Env[str, str]):
     """A synchronous Gymnasium view of an :class:`agentrl.Env`.
 
     Observation: the new messages as a JSON string (``[{"role": ..., "content": ...}, ...]``). Action: the
-    model's turn as a string. Rewards and episode-end flags pass through unchanged.
+    model's turn as a string. ``step`` returns Gymnasium's 5-tuple: rewards and episode-end flags pass
+    through unchanged; ``info`` is the env's own, plus, for a turn with a parsed message or tool calls, the
+    key ``"agentrl"``: ``{"assistant_message": {...} | None, "tool_calls": [{...}, ...]}`` as plain dicts
+    (without timings, which differ run to run).
     """
 
     metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 - Gymnasium's own convention
@@ -189,14 +224,36 @@ class GymnasiumEnv(gymnasium.Env[str, str]):
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if not isinstance(action, str):
             raise ConfigError(f"action must be the model's turn as a str, got {type(action).__name__}")
-        obs, reward, terminated, truncated, info = run_sync(self.env.step(Action(text=action)))
-        return encode_observation(obs), float(reward), terminated, truncated, _plain_info(info)
+        result = as_step_result(run_sync(self.env.step(Action(text=action))))
+        return (
+            encode_observation(result.observation),
+            result.reward,
+            result.terminated,
+            result.truncated,
+            _gymnasium_info(result),
+        )
 
     def close(self) -> None:
         run_sync(self.env.close())
 
 
-def _plain_info(info: dict[str, Any]) -> dict[str, Any]:
+def _gymnasium_info(result: StepResult) -> dict[str, Any]:
+    info = _plain_info(result.info)
+    if result.assistant_message is None and not result.tool_calls:
+        return info
+    if "agentrl" in info:
+        raise EnvContractError("info key 'agentrl' is reserved for the Gymnasium view of an agentrl env")
+    msg = result.assistant_message
+    info["agentrl"] = {
+        "assistant_message": None if msg is None else msg.to_dict(),
+        "tool_calls": [
+            {k: v for k, v in c.to_dict().items() if k != "duration_s"} for c in result.tool_calls
+        ],
+    }
+    return info
+
+
+def _plain_info(info: Mapping[str, Any]) -> dict[str, Any]:
     """Turn agentrl records in ``info`` into plain dicts, without timings (they differ run to run)."""
     out: dict[str, Any] = {}
     for k, v in info.items():

@@ -6,6 +6,10 @@ Every line carries ``schema_version`` plus, at least: ``token_ids``, ``loss_mask
 where the mask is 0), ``messages`` (OpenAI format), ``reward``, ``group_id``, ``terminated``,
 ``truncated``.
 
+Groups are written member by member (each trajectory the moment its episode finishes) and read back as
+:class:`~agentrl.groups.TrajectoryGroup` objects by :func:`read_groups`, which rebuilds them from each line's
+``meta.group_id``; files written by any earlier release read back the same way.
+
 A torn last line (a crash mid-write, or a writer still writing it) is reported and skipped when reading.
 When a writer reopens a file whose last line is torn, the fragment is moved to ``<file>.torn`` first, so
 nothing is lost and later lines start cleanly.
@@ -23,9 +27,10 @@ from pathlib import Path
 from typing import TextIO
 
 from agentrl.errors import SchemaError, StoreError
+from agentrl.groups import TrajectoryGroup, group_trajectories
 from agentrl.types import Trajectory
 
-__all__ = ["SCHEMA_VERSION", "JsonlStore", "StoreIssue", "read_trajectories"]
+__all__ = ["SCHEMA_VERSION", "JsonlStore", "StoreIssue", "read_groups", "read_trajectories"]
 
 SCHEMA_VERSION = 1
 """Version of the line format written by this release. Readers accept this version and older."""
@@ -100,6 +105,12 @@ class JsonlStore:
         """Iterate over the stored trajectories (see :func:`read_trajectories`)."""
         return read_trajectories(self.path, issues=issues)
 
+    def read_groups(
+        self, *, size: int | None = None, issues: list[StoreIssue] | None = None
+    ) -> Iterator[TrajectoryGroup]:
+        """Iterate over the stored groups (see :func:`read_groups`)."""
+        return read_groups(self.path, size=size, issues=issues)
+
     def close(self) -> None:
         """Close the file. Further appends reopen it."""
         with self._lock:
@@ -172,6 +183,19 @@ def read_trajectories(
                 yield traj
     finally:
         fh.close()
+
+
+def read_groups(
+    path: str | os.PathLike[str], *, size: int | None = None, issues: list[StoreIssue] | None = None
+) -> Iterator[TrajectoryGroup]:
+    """Yield the groups stored in a JSONL file, in the order they completed, members in write order.
+
+    With ``size``, each group is yielded as soon as its ``size``-th member is read and groups that never
+    got there (the leftovers of an interrupted step) are skipped; without, every group is yielded at the end
+    with the members it has. See :func:`agentrl.groups.group_trajectories`; torn lines as in
+    :func:`read_trajectories`.
+    """
+    return group_trajectories(read_trajectories(path, issues=issues), size=size)
 
 
 def _parse_line(

@@ -6,6 +6,9 @@
 * :class:`EchoTool` — a :class:`~agentrl.protocols.Tool` that echoes its argument.
 * :class:`MemoryStore` — a :class:`~agentrl.protocols.TrajectoryStore` kept in a list.
 * :class:`EchoEnv` — the smallest useful :class:`~agentrl.Env`.
+* :class:`RecordingWeightSink` — a :class:`~agentrl.protocols.WeightSink` (wrapping a policy: an
+  :class:`~agentrl.protocols.UpdatablePolicy`) that records every weight update.
+* :class:`FakeSandboxSource` — a :class:`~agentrl.protocols.SandboxSource` lending ``FakeSandbox`` sessions.
 """
 
 from __future__ import annotations
@@ -13,19 +16,37 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import dataclasses
 import io
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from agentrl.env import Env, Observation, StepReturn
+from agentrl.env import Env, Observation, StepResult
 from agentrl.errors import ConfigError
 from agentrl.execution import ExecResult, ExecStatus, Limits
-from agentrl.protocols import FinishReason, Generation, Sampling, ToolContext, ToolOutput
+from agentrl.groups import TrajectoryGroup, group_trajectories
+from agentrl.protocols import (
+    FinishReason,
+    Generation,
+    Policy,
+    Sampling,
+    ToolContext,
+    ToolOutput,
+    WeightUpdate,
+)
 from agentrl.types import Action, Message, Trajectory
 
-__all__ = ["EchoEnv", "EchoTool", "FakeSandbox", "MemoryStore", "ScriptedPolicy"]
+__all__ = [
+    "EchoEnv",
+    "EchoTool",
+    "FakeSandbox",
+    "FakeSandboxSource",
+    "MemoryStore",
+    "RecordingWeightSink",
+    "ScriptedPolicy",
+]
 
 
 class ScriptedPolicy:
@@ -139,6 +160,7 @@ class EchoTool:
     """A tool named ``echo`` that returns its ``text`` argument."""
 
     name = "echo"
+    needs_sandbox = False
     schema: dict[str, Any] = {  # noqa: RUF012 - a constant schema
         "type": "function",
         "function": {
@@ -168,6 +190,10 @@ class MemoryStore:
     def read(self) -> Iterator[Trajectory]:
         return iter(list(self.trajectories))
 
+    def read_groups(self, *, size: int | None = None) -> Iterator[TrajectoryGroup]:
+        """The stored trajectories as groups, as :meth:`agentrl.JsonlStore.read_groups` reads them."""
+        return group_trajectories(list(self.trajectories), size=size)
+
 
 class EchoEnv(Env):
     """Asks the model to repeat a seeded word; reward 1 for an exact repeat. One turn."""
@@ -178,9 +204,69 @@ class EchoEnv(Env):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, dict[str, Any]]:
         self.seed(seed)
-        self.word = self.np_random.choice(self.WORDS)
+        self.word = self.rng.choice(self.WORDS)
         return (Message("user", f"Repeat exactly: {self.word}"),), {"answer": self.word}
 
-    async def step(self, action: Action) -> StepReturn:
-        reward = 1.0 if action.text.strip() == self.word else 0.0
-        return (), reward, True, False, {}
+    async def step(self, action: Action) -> StepResult:
+        return StepResult(reward=float(action.text.strip() == self.word), terminated=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fakes for the weight-update and sandbox-lending seams.
+class RecordingWeightSink:
+    """A :class:`~agentrl.protocols.WeightSink` that keeps a copy of every update it takes.
+
+    Wrap a policy to make it an :class:`~agentrl.protocols.UpdatablePolicy`: generations come from ``policy``
+    and carry this sink's version. Like a real sink it refuses stale updates, and like a remote one it copies
+    the tensors (``torch.Tensor.clone`` when available), so a test can check what was published at each
+    version even after the learner changed its weights again.
+    """
+
+    def __init__(self, policy: Policy | None = None, *, version: int = 0):
+        self.policy = policy
+        self._version = int(version)
+        self.updates: list[WeightUpdate] = []
+        """Every update taken, in order, with copied tensors."""
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def load_weights(self, update: WeightUpdate) -> None:
+        update.check_after(self._version)
+        kept = {k: v.clone() if hasattr(v, "clone") else v for k, v in update.named_tensors.items()}
+        self.updates.append(WeightUpdate(update.version, kept))
+        self._version = update.version
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        if self.policy is None:
+            raise ConfigError("this RecordingWeightSink wraps no policy; pass one to sample")
+        version = self._version
+        g = await self.policy.generate(prompt_ids, sampling)
+        return dataclasses.replace(g, policy_version=version)
+
+
+class FakeSandboxSource:
+    """Lends :class:`FakeSandbox` sessions (NOT isolated), resetting each one when it comes back.
+
+    ``size`` sessions at most are out at once; a borrower beyond that waits, as with a real pool.
+    """
+
+    def __init__(self, size: int = 4, limits: Limits | None = None):
+        if not isinstance(size, int) or size < 1:
+            raise ConfigError(f"size must be a positive int, got {size!r}")
+        self._free = [FakeSandbox(limits) for _ in range(size)]
+        self._available = asyncio.Semaphore(size)
+        self.lent = 0
+        """How many sessions were lent so far."""
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[FakeSandbox]:
+        async with self._available:
+            sb = self._free.pop()
+            self.lent += 1
+            try:
+                yield sb
+            finally:
+                await sb.reset()
+                self._free.append(sb)

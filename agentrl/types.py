@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, FormatError
 
 __all__ = [
     "Action",
@@ -66,7 +66,7 @@ class ToolCall:
             fn = d["function"]
             return cls(id=str(d["id"]), name=str(fn["name"]), arguments=str(fn["arguments"]))
         except (KeyError, TypeError) as e:
-            raise ConfigError(f"tool call needs id and function.name/arguments, got {d!r}") from e
+            raise FormatError(f"a tool call needs id and function.name/arguments, got {d!r}") from e
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,15 +107,21 @@ class Message:
     def from_dict(cls, d: Mapping[str, Any]) -> Message:
         """Parse the OpenAI wire format."""
         if not isinstance(d, Mapping) or "role" not in d:
-            raise ConfigError(f"a message needs at least a role, got {d!r}")
+            raise FormatError(f"a message needs at least a role, got {d!r}")
         content = d.get("content")
-        return cls(
-            role=str(d["role"]),
-            content="" if content is None else content,
-            tool_calls=tuple(ToolCall.from_dict(c) for c in d.get("tool_calls") or ()),
-            tool_call_id=d.get("tool_call_id"),
-            name=d.get("name"),
-        )
+        calls = d.get("tool_calls") or ()
+        if not isinstance(calls, Sequence) or isinstance(calls, str):
+            raise FormatError(f"a message's tool_calls must be a list, got {calls!r}")
+        try:
+            return cls(
+                role=str(d["role"]),
+                content="" if content is None else content,
+                tool_calls=tuple(ToolCall.from_dict(c) for c in calls),
+                tool_call_id=d.get("tool_call_id"),
+                name=d.get("name"),
+            )
+        except ConfigError as e:  # the constructor's checks, reported as what they are here: bad data
+            raise FormatError(str(e)) from e
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,33 +135,56 @@ class Action:
 
 
 class ToolStatus(StrEnum):
-    """How one tool call ended."""
+    """How one tool call ended, and how the sandbox run behind it ended: one vocabulary for both.
+
+    A sandbox run (:attr:`agentrl.execution.ExecResult.status`) ends in one of the *run* statuses: ``OK``,
+    ``ERROR``, ``TIMEOUT``, ``OOM``, ``OUTPUT_LIMIT``, ``KILLED``, ``SANDBOX_ERROR``. A tool call can also end
+    before anything runs, in a *call* status (:attr:`is_call_error`): ``PARSE_ERROR``, ``UNKNOWN_TOOL``,
+    ``BAD_ARGUMENTS``. The values are what ``trajectories.jsonl`` stores.
+    """
 
     OK = "ok"
-    """The tool ran and returned output."""
+    """The tool (or the code) ran to completion and returned output."""
     ERROR = "error"
     """The tool ran and failed (exception, code raised, non-zero exit); the model sees the error."""
     TIMEOUT = "timeout"
-    """The tool hit its time limit."""
+    """The wall-clock limit was hit; a sandbox kills the whole process tree."""
     OOM = "oom"
-    """The tool hit its memory limit."""
+    """The memory limit was hit."""
     OUTPUT_LIMIT = "output_limit"
-    """The tool wrote more output than allowed and was stopped."""
+    """The code wrote more output than the hard cap and was stopped."""
     KILLED = "killed"
-    """Killed by another resource limit."""
+    """Killed by another limit (process count, file size, CPU time) or a signal."""
     PARSE_ERROR = "parse_error"
-    """The call itself could not be parsed (bad JSON, missing name)."""
+    """The call itself could not be parsed (bad JSON, missing name). Nothing ran."""
     UNKNOWN_TOOL = "unknown_tool"
-    """The model named a tool the environment does not have."""
+    """The model named a tool the environment does not have. Nothing ran."""
     BAD_ARGUMENTS = "bad_arguments"
-    """The arguments did not fit the tool's signature."""
+    """The arguments did not fit the tool's signature. Nothing ran."""
     SANDBOX_ERROR = "sandbox_error"
-    """Infrastructure failure: the sandbox could not run the call. Marks the episode as an infra failure."""
+    """Infrastructure failure: the sandbox could not run the call (could not start, crashed, busy). Marks
+    the episode as an infra failure; never the model's fault."""
 
     @property
     def is_infra(self) -> bool:
-        """True when the failure is ours, not the model's."""
+        """True when the failure is ours, not the model's (or the code's)."""
         return self is ToolStatus.SANDBOX_ERROR
+
+    @property
+    def is_call_error(self) -> bool:
+        """True for the statuses of a call that never ran because the model wrote it wrongly."""
+        return self in _CALL_ERRORS
+
+    @classmethod
+    def parse(cls, value: Any) -> ToolStatus:
+        """The status named ``value`` (a member or its string); :class:`FormatError` for anything else."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise FormatError(f"unknown tool status {value!r}; one of {[s.value for s in cls]}") from None
+
+
+_CALL_ERRORS = frozenset({ToolStatus.PARSE_ERROR, ToolStatus.UNKNOWN_TOOL, ToolStatus.BAD_ARGUMENTS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +227,7 @@ class ToolRecord:
             name=str(d["name"]),
             arguments=str(d["arguments"]),
             output=str(d["output"]),
-            status=ToolStatus(d["status"]),
+            status=ToolStatus.parse(d["status"]),
             duration_s=float(d["duration_s"]),
             turn=int(d["turn"]),
             detail=str(d.get("detail", "")),

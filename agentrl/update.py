@@ -1,7 +1,8 @@
-"""One policy update from a list of trajectories: collate → score → credit → step → metrics.
+"""One policy update from groups of trajectories: collate → score → credit → step → metrics.
 
-The trainer runs this once per step; replay (:func:`agentrl.replay.reproduce_step`) runs the very same
-function on the recorded trajectories and checkpoint, which is why a recorded step can be reproduced exactly.
+The trainer runs this once per step; replay (:func:`agentrl.trainers.replay.reproduce_step`) runs the very
+same function on the recorded trajectories and checkpoint, which is why a recorded step can be reproduced
+exactly.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from agentrl.batch import TokenBatch, collate
-from agentrl.credit import compute_advantages, variance_proxy_metrics
+from agentrl.credit import AdvantageEstimator, variance_proxy_metrics
+from agentrl.groups import TrajectoryGroup
 from agentrl.learner import Learner, LearnerStats
-from agentrl.types import Trajectory
 
 __all__ = ["Credit", "Update", "policy_update", "score_and_credit"]
 
@@ -25,7 +26,8 @@ class Credit:
     """The scored batch and its advantages."""
 
     batch: TokenBatch
-    """The collated trajectories, with the learner's log-probs as ``old_logprobs_B_T``."""
+    """The collated groups (one row per member, group after group), with the learner's log-probs as
+    ``old_logprobs_B_T``."""
     logprobs_B_T: torch.Tensor
     """Log-probs of the current weights on the model tokens (0 elsewhere)."""
     sum_pi_squared_B_T: torch.Tensor
@@ -49,29 +51,29 @@ class Update:
 
 
 def score_and_credit(
-    learner: Learner, trajectories: Sequence[Trajectory], *, estimator: str, pad_id: int
+    learner: Learner, groups: Sequence[TrajectoryGroup], *, estimator: AdvantageEstimator, pad_id: int
 ) -> Credit:
-    """Collate, score with the learner's current weights, and assign credit with ``estimator``.
+    """Collate ``groups``, score with the learner's current weights, and assign credit with ``estimator``
+    (baselines are computed within each group).
 
     The learner's log-probs replace the sampler's as the PPO reference, so ratios start at exactly 1 and the
     sampler/learner gap is reported instead of silently entering the loss.
     """
-    batch = collate(trajectories, pad_id=pad_id).to(learner.device)
+    batch = collate(groups, pad_id=pad_id).to(learner.device)
     logprobs, spi2 = learner.score(batch)
     m = batch.loss_mask_B_T.bool()
     mismatch = float((batch.old_logprobs_B_T - logprobs)[m].abs().max()) if m.any() else 0.0
     batch = dataclasses.replace(batch, old_logprobs_B_T=logprobs)
-    adv = compute_advantages(
-        estimator, batch.token_rewards_B_T, batch.loss_mask_B_T, logprobs, spi2, batch.group_ids
-    )
+    adv = estimator.advantages(batch.token_rewards_B_T, batch.loss_mask_B_T, logprobs, spi2, batch.group_ids)
     return Credit(batch, logprobs, spi2, adv, mismatch)
 
 
 def policy_update(
-    learner: Learner, trajectories: Sequence[Trajectory], *, estimator: str, pad_id: int
+    learner: Learner, groups: Sequence[TrajectoryGroup], *, estimator: AdvantageEstimator, pad_id: int
 ) -> Update:
-    """Score, assign credit and take one learner step; return everything a step logs."""
-    credit = score_and_credit(learner, trajectories, estimator=estimator, pad_id=pad_id)
+    """Score, assign credit and take one learner step on ``groups`` (infra failures already dropped, see
+    :meth:`TrajectoryGroup.usable`); return everything a step logs."""
+    credit = score_and_credit(learner, groups, estimator=estimator, pad_id=pad_id)
     batch, adv = credit.batch, credit.advantages_B_T
     stats = learner.step(batch, adv)
     proxy = variance_proxy_metrics(

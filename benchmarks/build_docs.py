@@ -10,6 +10,7 @@ SECTIONS = [
     ("rollout", "`benchmarks/rollout.py`", "framework overhead per turn (target ≤ 1 ms, ≥ 1,000 turns/s)"),
     ("sandbox", "`benchmarks/sandbox.py`", "stateful vs fresh process, one-shot throughput, 64 sessions"),
     ("credit", "`benchmarks/credit.py`", "OTB vectorised vs loop; chunked log-prob + Σπ² memory and speed"),
+    ("gateway", "`benchmarks/gateway.py`", "recording gateway vs the bare policy call (target ≤ 2 ms p50)"),
 ]
 
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl import INFO_TOOL_RECORDS, Action, Env, Message, ToolRecord, ToolStatus
+from agentrl import Action, Env, Message, StepResult, ToolRecord, ToolStatus
 from agentrl.chat import ChatRenderer
 from agentrl.models import smollm2_tokenizer
 from agentrl.protocols import Sampling
@@ -46,12 +46,12 @@ class TrivialToolEnv(Env):
             Message("user", f"Task {seed}: add numbers with the tool."),
         ), {}
 
-    async def step(self, action: Action):
+    async def step(self, action: Action) -> StepResult:
         self.n += 1
         rec = ToolRecord(f"c{self.n}", "add", '{"a": 1}', str(self.n), ToolStatus.OK, 0.0, self.n - 1)
         done = self.n >= self.turns
         obs = () if done else (Message("tool", f"result: {self.n}", tool_call_id=f"c{self.n}"),)
-        return obs, float(done), done, False, {INFO_TOOL_RECORDS: (rec,)}
+        return StepResult(obs, float(done), done, tool_calls=(rec,))
 
 
 async def bare_loop(policy: ScriptedPolicy, episodes: int, prompt: list[int]) -> int:
@@ -65,15 +65,15 @@ async def bare_loop(policy: ScriptedPolicy, episodes: int, prompt: list[int]) ->
             g = await policy.generate(ids, Sampling(max_new_tokens=64))
             ids.extend(g.token_ids)
             turns += 1
-            _, _, term, _, _ = await env.step(Action(text="x", token_ids=g.token_ids))
-            if term:
+            if (await env.step(Action(text="x", token_ids=g.token_ids))).terminated:
                 break
     return turns
 
 
 async def rollout(policy: ScriptedPolicy, renderer: ChatRenderer, cfg: RolloutConfig, groups: int) -> int:
     turns = 0
-    async for traj in run_groups(TrivialToolEnv, policy, renderer, cfg, seeds=range(groups), group_size=8):
+    async for done in run_groups(TrivialToolEnv, policy, renderer, cfg, seeds=range(groups), group_size=8):
+        traj = done.trajectory
         assert not traj.infra_failure and traj.num_turns == TURNS, traj.errors
         turns += traj.num_turns
     return turns
@@ -100,7 +100,7 @@ def main() -> None:
     policy = ScriptedPolicy([[*call, renderer.stop_token_ids[0]]], stop_ids=renderer.stop_token_ids)
     first_obs, _ = asyncio.run(TrivialToolEnv().reset(seed=0))
     prompt = list(renderer.render_prompt(first_obs).token_ids)
-    base = RolloutConfig(max_turns=TURNS, sampling=Sampling(max_new_tokens=64), concurrency=32)
+    base = RolloutConfig(max_turns=TURNS, max_new_tokens=64, concurrency=32)
     variants = {
         "bare loop (policy + env only, the floor)": lambda: bare_loop(policy, groups * 8, prompt),
         "rollout, default (text + token checks)": lambda: rollout(policy, renderer, base, groups),

@@ -29,8 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agentrl.execution import ExecStatus, Limits  # noqa: E402
+from agentrl.execution import Limits  # noqa: E402
 from agentrl.sandbox import LocalSandbox, SandboxPool, self_test  # noqa: E402
+from agentrl.types import ToolStatus  # noqa: E402
 
 CODE = "print(1)"
 
@@ -88,7 +89,7 @@ async def fresh_process(args: list[str]) -> bool:
 async def one_shot() -> bool:
     async with LocalSandbox() as sb:
         r = await sb.run(CODE)
-    return r.status is ExecStatus.OK and r.stdout == "1\n"
+    return r.status is ToolStatus.OK and r.stdout == "1\n"
 
 
 async def main(quick: bool, out: Path) -> None:
@@ -121,7 +122,7 @@ async def main(quick: bool, out: Path) -> None:
 
         async def pooled() -> bool:
             r = await pool.run_once(CODE)
-            return r.status is ExecStatus.OK and r.stdout == "1\n"
+            return r.status is ToolStatus.OK and r.stdout == "1\n"
 
         lat8, wall = await in_flight(pooled, n_fresh * 3)
     results["pool8"] = Stats("one-shot via SandboxPool(size=8), 8 in flight", lat8, wall, n_fresh * 3)
@@ -134,7 +135,7 @@ async def main(quick: bool, out: Path) -> None:
 
     async def stateful(sb: LocalSandbox = sessions[0]) -> bool:
         r = await sb.run("n += 1")
-        return r.status is ExecStatus.OK
+        return r.status is ToolStatus.OK
 
     lat = await serial(stateful, n_state)
     results["state"] = Stats("stateful call on a warm session, serial", lat)
@@ -162,13 +163,13 @@ async def main(quick: bool, out: Path) -> None:
     e2b_note = ""
     try:
         from agentrl.sandbox import E2BSandbox
-        from agentrl.sandbox.e2b_server import LocalE2BServer
+        from tests.sandbox.e2b_server import LocalE2BServer  # a test helper, not shipped
 
         async with LocalE2BServer() as server, E2BSandbox(debug=True, sandbox_url=server.url) as esb:
             await esb.run("n = 0")
 
             async def e2b_call() -> bool:
-                return (await esb.run("n += 1")).status is ExecStatus.OK
+                return (await esb.run("n += 1")).status is ToolStatus.OK
 
             lat = await serial(e2b_call, 200 if quick else 500)
             results["e2b"] = Stats("stateful via e2b protocol (local server), serial", lat)
@@ -185,7 +186,7 @@ async def main(quick: bool, out: Path) -> None:
         async with LocalSandbox(Limits(memory_bytes=256 * 1024 * 1024)) as sb:
             for step in range(5):
                 r = await sb.run(f"s = {i} + {step}; s")
-                bad += not (r.status is ExecStatus.OK and r.stdout == f"{i + step}\n")
+                bad += not (r.status is ToolStatus.OK and r.stdout == f"{i + step}\n")
         return bad
 
     errs = await asyncio.gather(*(session(i) for i in range(64)), return_exceptions=True)

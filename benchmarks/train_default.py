@@ -76,11 +76,15 @@ def curve(run: Path) -> list[str]:
     """The per-step table of a finished `agentrl train` run (reads its metrics.jsonl and config.json)."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     cfg = json.loads((run / "config.json").read_text())
+    # config.json says "otb" (older runs) or {"name": "otb", ...options}; print it as the CLI names it.
+    from agentrl.credit import estimator_config
+
+    estimator = estimator_config(cfg["estimator"])
     lines = [
         "",
         "## A whole default run",
         "",
-        f"`agentrl train` with every default ({cfg['model']}, {cfg['env']}, {cfg['estimator']}, "
+        f"`agentrl train` with every default ({cfg['model']}, {cfg['env']}, {estimator}, "
         f"{cfg['groups_per_step']} tasks x {cfg['group_size']} episodes, {cfg['steps']} steps), "
         f"summarised by `benchmarks/train_default.py --curve RUN`. Each step samples new tasks, so the "
         "reward of one step is a 16-episode estimate (±0.12 at p = 0.5).",

@@ -1,7 +1,7 @@
 """agentrl's own environments (installed as ``agentrl.envs``); importing this module registers them.
 
-Loaded automatically through the ``agentrl.envs`` entry point, so ``agentrl.make(id)`` and
-``gymnasium.make("agentrl/<id>")`` work after ``import agentrl``.
+Loaded lazily through the ``agentrl.envs`` entry point by the first ``agentrl.make(id)`` or
+``agentrl.list_envs()``; ``agentrl.register_gymnasium()`` makes them ``gymnasium.make("agentrl/<id>")``.
 """
 
 from agentrl import register

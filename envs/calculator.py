@@ -18,15 +18,15 @@ SYSTEM_PROMPT = (
 class CalculatorEnv(ToolEnv):
     """One word problem with ``digits``-digit numbers; reward 1 for the exact answer."""
 
-    def __init__(self, digits: int = 5, max_turns: int = 4, **kwargs: Any):
+    def __init__(self, digits: int = 5, **kwargs: Any):
         if not isinstance(digits, int) or not 2 <= digits <= 30:
             raise ConfigError(f"digits must be an int in [2, 30], got {digits!r}")
         self.digits = digits
         kwargs.setdefault("system_prompt", SYSTEM_PROMPT)
-        super().__init__([calculator], parser="hermes", max_turns=max_turns, **kwargs)
+        super().__init__([calculator], parser="hermes", **kwargs)
 
     def make_task(self, options: dict[str, Any]) -> Task:
-        rng = self.np_random
+        rng = self.rng
         a, b, c = (rng.randint(10 ** (self.digits - 1), 10**self.digits - 1) for _ in range(3))
         days = rng.randint(2, 30)
         if rng.random() < 0.5:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from agentrl import Action, Env, Message, Observation, StepReturn
+from agentrl import Action, Env, Message, Observation, StepResult
 from agentrl.errors import ConfigError
 
 _ANSWER = re.compile(r"(?:answer\s*[:=]?\s*|\\boxed\{)\s*(-?\d+)", re.IGNORECASE)
@@ -23,14 +23,14 @@ class ExactAnswerEnv(Env):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, dict[str, Any]]:
         self.seed(seed)
-        rng = self.np_random
+        rng = self.rng
         a, b = rng.randint(2, self.max_operand), rng.randint(2, self.max_operand)
         op = rng.choice("+-*")
         self.answer = {"+": a + b, "-": a - b, "*": a * b}[op]
         question = f"What is {a} {op} {b}? End your reply with 'Answer: <integer>'."
         return (Message("user", question),), {"answer": self.answer}
 
-    async def step(self, action: Action) -> StepReturn:
+    async def step(self, action: Action) -> StepResult:
         found = _ANSWER.findall(action.text)
         correct = bool(found) and int(found[-1]) == self.answer
-        return (), 1.0 if correct else 0.0, True, False, {"answer": self.answer}
+        return StepResult(reward=float(correct), terminated=True, info={"answer": self.answer})

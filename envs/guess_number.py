@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from agentrl import Action, Env, Message, Observation, StepReturn
+from agentrl import Action, Env, Message, Observation, StepResult
 from agentrl.errors import ConfigError
 
 _NUMBER = re.compile(r"-?\d+")
@@ -14,8 +14,9 @@ _NUMBER = re.compile(r"-?\d+")
 class GuessNumberEnv(Env):
     """Guess a seeded integer in ``[low, high]`` within ``max_guesses`` turns.
 
-    Reward 1 for the right guess (``terminated``); running out of guesses is ``truncated`` with reward 0.
-    A turn with no integer in it counts as a guess and gets a reminder of the format.
+    Reward 1 for the right guess (``terminated``). Running out of guesses is a rule of the game, stated in
+    the prompt: ``truncated`` with reward 0 (the rollout's stop reason ``env_truncated``). A turn with no
+    integer in it counts as a guess and gets a reminder of the format.
     """
 
     def __init__(self, low: int = 1, high: int = 100, max_guesses: int = 7):
@@ -29,7 +30,7 @@ class GuessNumberEnv(Env):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, dict[str, Any]]:
         self.seed(seed)
-        self.target = self.np_random.randint(self.low, self.high)
+        self.target = self.rng.randint(self.low, self.high)
         self.guesses = 0
         prompt = (
             f"I am thinking of an integer between {self.low} and {self.high}. Guess it. "
@@ -37,7 +38,7 @@ class GuessNumberEnv(Env):
         )
         return (Message("user", prompt),), {"target": self.target}
 
-    async def step(self, action: Action) -> StepReturn:
+    async def step(self, action: Action) -> StepResult:
         self.guesses += 1
         left = self.max_guesses - self.guesses
         found = _NUMBER.findall(action.text)
@@ -46,8 +47,8 @@ class GuessNumberEnv(Env):
         else:
             guess = int(found[-1])
             if guess == self.target:
-                return (), 1.0, True, False, {"guesses": self.guesses}
+                return StepResult(reward=1.0, terminated=True, info={"guesses": self.guesses})
             feedback = "Higher." if guess < self.target else "Lower."
         if left <= 0:
-            return (), 0.0, False, True, {"guesses": self.guesses}
-        return (Message("user", f"{feedback} {left} guesses left."),), 0.0, False, False, {}
+            return StepResult(truncated=True, info={"guesses": self.guesses})
+        return StepResult((Message("user", f"{feedback} {left} guesses left."),))

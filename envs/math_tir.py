@@ -46,7 +46,6 @@ class MathTIREnv(ToolEnv):
         split: ``"train"`` or the held-out ``"test"``.
         difficulty: 1 (easy) to 3, or ``None`` to mix levels.
         kinds: Problem kinds to draw from (default: all of ``math_problems.KINDS``).
-        max_turns: Model turns per episode.
         format_reward: Reward for a wrong answer that is at least a number (0 = off).
         python_timeout: Seconds per python run.
         max_output_chars: How much python output the model sees (head and tail).
@@ -59,7 +58,6 @@ class MathTIREnv(ToolEnv):
         split: str = "train",
         difficulty: int | None = 1,
         kinds: Sequence[str] | None = None,
-        max_turns: int = 4,
         format_reward: float = 0.0,
         python_timeout: float = 10.0,
         max_output_chars: int = 600,
@@ -74,12 +72,12 @@ class MathTIREnv(ToolEnv):
         kwargs.setdefault("system_prompt", SYSTEM_PROMPT)
         kwargs.setdefault("fewshot", EXAMPLE)
         python = PythonTool(timeout=python_timeout, max_output_chars=max_output_chars)
-        super().__init__([python], parser="python", max_turns=max_turns, **kwargs)
+        super().__init__([python], parser="python", **kwargs)
 
     def make_task(self, options: dict[str, Any]) -> Task:
         kinds = options.get("kinds", self.kinds)
         problem = math_problems.sample(
-            self.np_random,
+            self.rng,
             split=options.get("split", self.split),
             kinds=(kinds,) if isinstance(kinds, str) else kinds,
             difficulty=options.get("difficulty", self.difficulty),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl import Message
+from agentrl import Message, StepResult
 from agentrl.tools import LookupTool, ParsedTurn, calculator, parse_number
 
 from .tool_env import Task, ToolEnv
@@ -26,7 +26,7 @@ class ShopEnv(ToolEnv):
         "Give the final total in cents as 'Answer: <number>'."
     )
 
-    def __init__(self, max_turns: int = 8, **kwargs: Any):
+    def __init__(self, **kwargs: Any):
         price = LookupTool(
             name="price",
             description="The price of one unit of an item, in cents.",
@@ -41,10 +41,10 @@ class ShopEnv(ToolEnv):
             key_description="The coupon code.",
             extra_key="coupons",
         )
-        super().__init__([price, coupon, calculator], parser="hermes", max_turns=max_turns, **kwargs)
+        super().__init__([price, coupon, calculator], parser="hermes", **kwargs)
 
     def make_task(self, options: dict[str, Any]) -> Task:
-        rng = self.np_random
+        rng = self.rng
         prices = {item: rng.randint(20, 900) for item in ITEMS}
         coupons = {code: pct for code, pct in zip(COUPONS, (5, 10, 20, 50), strict=True)}
         basket = {item: rng.randint(1, 9) for item in rng.sample(ITEMS, rng.randint(2, 4))}
@@ -61,11 +61,11 @@ class ShopEnv(ToolEnv):
             question, answer=answer, extra={"prices": prices, "coupons": coupons}, info={"answer": answer}
         )
 
-    async def on_final(self, parsed: ParsedTurn) -> tuple[tuple[Message, ...], float, bool, bool]:
+    async def on_final(self, parsed: ParsedTurn) -> StepResult:
         assert self.task is not None
         right = parse_number(parsed.answer) == self.task.answer
         if right or self.retried:
-            return (), (0.5 if self.retried else 1.0) * right, True, False
+            return StepResult(reward=(0.5 if self.retried else 1.0) * right, terminated=True)
         self.retried = True
         hint = "That is not right. Check each price with the price tool and compute with the calculator."
-        return (Message("user", hint),), 0.0, False, False
+        return StepResult((Message("user", hint),))

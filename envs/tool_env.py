@@ -7,16 +7,16 @@ A subclass says what the task is and how to score the final answer; the base cla
             super().__init__(tools=[calculator], parser="hermes", **kwargs)
 
         def make_task(self, options):
-            a, b = self.np_random.randint(10**6, 10**7), self.np_random.randint(10**6, 10**7)
+            a, b = self.rng.randint(10**6, 10**7), self.rng.randint(10**6, 10**7)
             return Task(prompt=f"What is {a} * {b}? End with 'Answer: <n>'.", answer=a * b)
 
 Per episode: ``reset`` builds the prompt (system prompt + the parser's tool instructions, optional worked
 example turns, the task) and a fresh tool context. Each ``step`` parses the model's turn with the parser; a
 turn with tool calls runs them (:class:`~agentrl.tools.ToolExecutor`) and returns one ``tool`` message per
 call, a turn without calls is final and goes to :meth:`ToolEnv.on_final` (default: :meth:`ToolEnv.score`,
-then ``terminated``). ``info`` carries the parsed assistant message (with ``tool_calls``) and the tool
-records.
-Hitting ``max_turns`` ends the episode with ``truncated=True``; calls made on that last turn are not run.
+then ``terminated``). The :class:`~agentrl.StepResult` carries the parsed assistant message (with
+``tool_calls``) and the tool records. The turn limit is the rollout's (``RolloutConfig.max_turns``), not the
+env's: a model that keeps calling tools is stopped there (stop reason ``max_turns``).
 
 Sandbox: when a tool needs one (``needs_sandbox = True``, like the python tool), each episode gets its own
 session, opened lazily on the first run (an episode that never runs code costs nothing) from
@@ -27,16 +27,15 @@ the episode ends (``truncated``); the rollout marks such episodes ``infra_failur
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from agentrl import (
-    INFO_ASSISTANT_MESSAGE,
-    INFO_TOOL_RECORDS,
     Action,
     Env,
     ExecResult,
@@ -45,7 +44,8 @@ from agentrl import (
     Message,
     Observation,
     Sandbox,
-    StepReturn,
+    SandboxSource,
+    StepResult,
     Tool,
     ToolContext,
     ToolRecord,
@@ -57,14 +57,6 @@ __all__ = ["SandboxFactory", "SandboxSource", "Task", "ToolEnv"]
 
 SandboxFactory = Callable[[], "Sandbox | Awaitable[Sandbox]"]
 """Makes one episode's sandbox (not yet entered; the env enters it on first use and exits it at the end)."""
-
-
-@runtime_checkable
-class SandboxSource(Protocol):
-    """A pool of sandbox sessions (``agentrl.sandbox.SandboxPool``): ``async with pool.acquire() as sb``
-    lends one for an episode and takes it back (reset) when the block exits."""
-
-    def acquire(self) -> AbstractAsyncContextManager[Sandbox]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +81,6 @@ class ToolEnv(Env):
         parser: A :class:`~agentrl.tools.ToolCallParser` or its name (``"hermes"``, ``"python"``).
         system_prompt: The system message; the tool instructions replace ``{tools}`` in it, or follow it.
         fewshot: Worked-example messages between the system message and the task.
-        max_turns: Model turns per episode; reaching it ends the episode with ``truncated=True``.
         tool_timeout: Seconds per tool call (backstop; the python tool's sandbox limit is lower).
         max_calls_per_turn: Calls beyond this in one turn are answered with an error, not run.
         sandbox_factory: Makes a sandbox session per episode (default: ``agentrl.sandbox.LocalSandbox``).
@@ -109,7 +100,6 @@ class ToolEnv(Env):
         parser: str | ToolCallParser = "hermes",
         system_prompt: str | None = None,
         fewshot: Sequence[Message] | None = None,
-        max_turns: int = 8,
         tool_timeout: float | None = 30.0,
         max_calls_per_turn: int = 8,
         sandbox_factory: SandboxFactory | None = None,
@@ -117,13 +107,10 @@ class ToolEnv(Env):
         limits: Limits | None = None,
         tools_in_prompt: bool = True,
     ):
-        if not isinstance(max_turns, int) or max_turns < 1:
-            raise ConfigError(f"max_turns must be a positive int, got {max_turns!r}")
         if sandbox_factory is not None and sandbox_pool is not None:
             raise ConfigError("give sandbox_factory or sandbox_pool, not both")
         self.executor = ToolExecutor(tools, timeout=tool_timeout, max_calls_per_turn=max_calls_per_turn)
         self.parser = get_parser(parser)
-        self.max_turns = max_turns
         self.limits = limits
         if system_prompt is not None:
             self.system_prompt = system_prompt
@@ -137,7 +124,7 @@ class ToolEnv(Env):
             self._system = "\n\n".join(p for p in (self.system_prompt.strip(), instructions) if p)
         if not tools_in_prompt:
             self.tools = tuple(self.executor.schemas)  # type: ignore[misc]
-        self._needs_sandbox = any(getattr(t, "needs_sandbox", False) for t in tool_list)
+        self._needs_sandbox = any(t.needs_sandbox for t in tool_list)
         self._factory = sandbox_factory
         self._pool = sandbox_pool
         self._sandbox: _EpisodeSandbox | None = None
@@ -149,7 +136,7 @@ class ToolEnv(Env):
     # -- what subclasses write ------------------------------------------------------------------------
     @abstractmethod
     def make_task(self, options: dict[str, Any]) -> Task:
-        """The task for a new episode; draw randomness from ``self.np_random`` only (seeding)."""
+        """The task for a new episode; draw randomness from ``self.rng`` only (seeding)."""
 
     def score(self, parsed: ParsedTurn) -> float:
         """Reward for a final turn. Default: 1.0 when the stated answer equals ``task.answer`` (numbers
@@ -163,10 +150,10 @@ class ToolEnv(Env):
             return float(value is not None and value == expected)
         return float(answer.strip() == str(expected).strip())
 
-    async def on_final(self, parsed: ParsedTurn) -> tuple[Observation, float, bool, bool]:
-        """A turn without tool calls: ``(observation, reward, terminated, truncated)``. Default: score it
-        and end the episode. Override for feedback turns (return messages and ``terminated=False``)."""
-        return (), self.score(parsed), True, False
+    async def on_final(self, parsed: ParsedTurn) -> StepResult:
+        """A turn without tool calls. Default: score it and end the episode. Override for feedback turns
+        (return messages and ``terminated=False``); the parsed assistant message is filled in unless set."""
+        return StepResult(reward=self.score(parsed), terminated=True)
 
     # -- the Env contract --------------------------------------------------------------------------------
     async def reset(
@@ -190,33 +177,29 @@ class ToolEnv(Env):
         system = (Message("system", self._system),) if self._system else ()
         return (*system, *self.fewshot, *task_messages), dict(self.task.info)
 
-    async def step(self, action: Action) -> StepReturn:
+    async def step(self, action: Action) -> StepResult:
         if self.task is None or self.done:
             raise EnvContractError(f"{type(self).__name__}.step() called before reset() or after the end")
         turn = self.turn
         self.turn += 1
         parsed = self.parser.parse(action.text, id_prefix=f"call_{turn}")
-        info: dict[str, Any] = {
-            INFO_ASSISTANT_MESSAGE: Message("assistant", parsed.content, tool_calls=parsed.calls),
-            INFO_TOOL_RECORDS: (),
-        }
-        out_of_turns = self.turn >= self.max_turns
+        assistant = Message("assistant", parsed.content, tool_calls=parsed.calls)
         if not parsed.has_calls:
-            obs, reward, terminated, truncated = await self.on_final(parsed)
-            if not (terminated or truncated) and out_of_turns:
-                obs, truncated = (), True
-            self.done = terminated or truncated
-            return obs, float(reward), terminated, truncated, info
-        if out_of_turns:  # the model would never see these results
-            self.done = True
-            return (), 0.0, False, True, info
+            final = await self.on_final(parsed)
+            if not isinstance(final, StepResult):
+                raise EnvContractError(
+                    f"{type(self).__name__}.on_final must return a StepResult, got {final!r:.100}"
+                )
+            self.done = final.terminated or final.truncated
+            if final.assistant_message is None:
+                final = dataclasses.replace(final, assistant_message=assistant)
+            return final
         records = await self.executor.run(parsed, self.context, turn=turn)
-        info[INFO_TOOL_RECORDS] = records
-        if any(r.status.is_infra for r in records):
+        result = StepResult(self.tool_messages(records), assistant_message=assistant, tool_calls=records)
+        if result.infra_error is not None:  # the rollout ends the episode as sandbox_error
             self.done = True
-            info["infra_error"] = next(r.detail or r.output for r in records if r.status.is_infra)
-            return (), 0.0, False, True, info
-        return self.tool_messages(records), 0.0, False, False, info
+            return dataclasses.replace(result, observation=(), truncated=True)
+        return result
 
     def tool_messages(self, records: Sequence[ToolRecord]) -> Observation:
         """One ``tool`` message per record, its content wrapped by the parser."""

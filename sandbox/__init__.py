@@ -7,24 +7,25 @@ back-pressure. The docker and e2b SDKs are imported only when those backends sta
 ``sandbox/README.md`` for the threat model.
 """
 
-from agentrl.execution import ExecResult, ExecStatus, Limits
+from agentrl.execution import ExecResult, Limits
+from agentrl.types import ToolStatus
 
 from .docker import DockerSandbox
 from .e2b import E2BSandbox
-from .local import LIMIT_NAMES, LocalSandbox
+from .local import LIMIT_NAMES, LocalSandbox, self_test
 from .pool import PoolStats, SandboxPool
-from .selftest import SelfTestReport, self_test
+from .selftest import SelfTestReport
 
 __all__ = [
     "LIMIT_NAMES",
     "DockerSandbox",
     "E2BSandbox",
     "ExecResult",
-    "ExecStatus",
     "Limits",
     "LocalSandbox",
     "PoolStats",
     "SandboxPool",
     "SelfTestReport",
+    "ToolStatus",
     "self_test",
 ]

@@ -6,15 +6,27 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import Generic, Protocol, Self, TypeVar
+from collections.abc import Coroutine
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 from agentrl.errors import ConfigError, SandboxError
-from agentrl.execution import ExecResult, ExecStatus, Limits
+from agentrl.execution import ExecResult, Limits
+from agentrl.types import ToolStatus
 
 from ._output import Capture
 from ._protocol import Outcome, to_result
 
-__all__ = ["SessionBackend", "check_request"]
+__all__ = ["SessionBackend", "check_request", "spawn_background"]
+
+_BACKGROUND: set[asyncio.Task[Any]] = set()
+
+
+def spawn_background(coro: Coroutine[Any, Any, Any]) -> None:
+    """Run ``coro`` to completion in the background (the clean-up of a session whose call was cancelled),
+    keeping a reference so the task is not garbage-collected half way."""
+    task = asyncio.ensure_future(coro)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
 
 
 def check_request(
@@ -33,19 +45,19 @@ def check_request(
     (a ``time.perf_counter()`` value), the code-size rejection reports the time since then as its duration.
     """
     if not isinstance(code, str):
-        return ExecResult(ExecStatus.ERROR, message=f"code must be a str, got {type(code).__name__}")
+        return ExecResult(ToolStatus.ERROR, message=f"code must be a str, got {type(code).__name__}")
     try:
         if timeout is not None and not math.isfinite(timeout) and timeout != math.inf:
             raise ConfigError(f"timeout must be a number of seconds, got {timeout!r}")
         clamped = limits.clamp(wall_s=timeout) if timeout is not None else limits
     except (ConfigError, TypeError) as e:
-        return ExecResult(ExecStatus.ERROR, message=str(e))
+        return ExecResult(ToolStatus.ERROR, message=str(e))
     if closed:
-        return ExecResult(ExecStatus.SANDBOX_ERROR, message="sandbox is closed")
+        return ExecResult(ToolStatus.SANDBOX_ERROR, message="sandbox is closed")
     size = len(code.encode("utf-8", "surrogatepass"))
     if size > max_code_bytes:
         return ExecResult(
-            ExecStatus.ERROR,
+            ToolStatus.ERROR,
             message=f"code too large: {size:,} bytes (limit {max_code_bytes:,})",
             duration_s=0.0 if started is None else time.perf_counter() - started,
         )
@@ -97,7 +109,7 @@ class SessionBackend(Generic[S]):
         try:
             session = await self._ensure()
         except SandboxError as e:
-            return ExecResult(ExecStatus.SANDBOX_ERROR, message=str(e), duration_s=time.perf_counter() - t0)
+            return ExecResult(ToolStatus.SANDBOX_ERROR, message=str(e), duration_s=time.perf_counter() - t0)
         lost_before, self._died_idle = self._died_idle, False
         self._calls += 1
         return session, lost_before

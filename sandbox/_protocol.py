@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.execution import ExecResult, ExecStatus, Limits
+from agentrl.execution import ExecResult, Limits
+from agentrl.types import ToolStatus
 
 __all__ = [
     "BOOTSTRAP",
@@ -105,39 +106,39 @@ def to_result(
 ) -> ExecResult:
     """Map an outcome to the contract's :class:`ExecResult` (status, message, state_lost)."""
     lost_note = " The session was restarted and its state (variables, imports, files) was lost."
-    status: ExecStatus
+    status: ToolStatus
     state_lost = False
     exit_code: int | None = None
     message = ""
     k = outcome.kind
     if k == "frame" and outcome.status in ("ok", "error"):
-        status = ExecStatus.OK if outcome.status == "ok" else ExecStatus.ERROR
+        status = ToolStatus.OK if outcome.status == "ok" else ToolStatus.ERROR
     elif k == "frame" and outcome.status == "oom":
-        status = ExecStatus.OOM
+        status = ToolStatus.OOM
         message = (
             f"MemoryError: the memory limit ({limits.memory_bytes // MiB} MiB) was reached. "
             "The session is still running with its state."
         )
     elif k == "frame" and outcome.status == "exit":
-        status, state_lost, exit_code = ExecStatus.ERROR, True, outcome.exit_code
+        status, state_lost, exit_code = ToolStatus.ERROR, True, outcome.exit_code
         message = f"The code exited (exit code {outcome.exit_code})." + lost_note
     elif k == "timeout":
-        status, state_lost = ExecStatus.TIMEOUT, True
+        status, state_lost = ToolStatus.TIMEOUT, True
         message = f"Timed out after {limits.wall_s:g} s; every process was killed." + lost_note
     elif k == "output_limit":
-        status, state_lost = ExecStatus.OUTPUT_LIMIT, True
+        status, state_lost = ToolStatus.OUTPUT_LIMIT, True
         message = f"The code wrote more than {hard_cap // MiB} MiB of output and was stopped." + lost_note
     elif k == "protocol":
-        status, state_lost = ExecStatus.KILLED, True
+        status, state_lost = ToolStatus.KILLED, True
         message = "The code wrote into the sandbox's control channel and was stopped." + lost_note
     elif k == "died" and outcome.oom_killed:
-        status, state_lost = ExecStatus.OOM, True
+        status, state_lost = ToolStatus.OOM, True
         message = (
             f"Out of memory: the sandbox exceeded its memory limit "
             f"({limits.memory_bytes // MiB} MiB) and was killed." + lost_note
         )
     elif k == "died" and outcome.signal is not None:
-        status, state_lost = ExecStatus.KILLED, True
+        status, state_lost = ToolStatus.KILLED, True
         exit_code = 128 + outcome.signal
         why = {
             int(signal.SIGXCPU): " (CPU time limit)",
@@ -146,10 +147,10 @@ def to_result(
         }.get(outcome.signal, "")
         message = f"The Python process was killed by {_signame(outcome.signal)}{why}." + lost_note
     elif k == "died":
-        status, state_lost, exit_code = ExecStatus.ERROR, True, outcome.exit_code
+        status, state_lost, exit_code = ToolStatus.ERROR, True, outcome.exit_code
         message = f"The Python process exited (exit code {outcome.exit_code})." + lost_note
     else:  # "infra" or anything unexpected
-        status = ExecStatus.SANDBOX_ERROR
+        status = ToolStatus.SANDBOX_ERROR
         state_lost = True
         message = "Sandbox failure (not the code's fault): " + (outcome.detail or "unknown error")
     if state_lost_before and not state_lost:

@@ -33,10 +33,10 @@ from typing import Any
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.execution import ExecResult, Limits
 
-from ._common import SessionBackend, check_request
+from ._common import SessionBackend, check_request, spawn_background
+from ._layout import SANDBOX_UID, python_layout, sandbox_env
 from ._output import Capture, decode
 from ._protocol import BOOTSTRAP, MARKER, Outcome, frame, parse_line, worker_code
-from .local import _python_layout, _sandbox_env, _spawn_background
 
 __all__ = ["DEFAULT_IMAGE", "DockerSandbox", "ensure_rootfs_image"]
 
@@ -44,7 +44,6 @@ log = logging.getLogger(__name__)
 MiB = 1024 * 1024
 DEFAULT_IMAGE = "agentrl-sandbox-rootfs:1"
 _LABEL = "agentrl.sandbox"
-_UID = 1000
 
 
 def _rootfs_tar() -> bytes:
@@ -68,9 +67,9 @@ def _rootfs_tar() -> bytes:
             "etc/passwd",
             tarfile.REGTYPE,
             0o644,
-            data=f"root:x:0:0::/:/usr/sbin/nologin\nsandbox:x:{_UID}:{_UID}::/tmp:/bin/sh\n".encode(),
+            data=f"root:x:0:0::/:/usr/sbin/nologin\nsandbox:x:{SANDBOX_UID}:{SANDBOX_UID}::/tmp:/bin/sh\n".encode(),
         )
-        add("etc/group", tarfile.REGTYPE, 0o644, data=f"root:x:0:\nsandbox:x:{_UID}:\n".encode())
+        add("etc/group", tarfile.REGTYPE, 0o644, data=f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\n".encode())
     return buf.getvalue()
 
 
@@ -176,7 +175,7 @@ class _Container:
     def _create(self) -> None:
         sb = self.sb
         lim = sb._limits
-        exe, binds, _ = _python_layout()
+        exe, binds, _ = python_layout()
         volumes = {"/usr": {"bind": "/usr", "mode": "ro"}}
         for b in [*binds, *sb._ro_binds]:
             volumes[b] = {"bind": b, "mode": "ro"}
@@ -194,7 +193,7 @@ class _Container:
             },
             volumes=volumes,
             working_dir="/tmp",
-            user=f"{_UID}:{_UID}",
+            user=f"{SANDBOX_UID}:{SANDBOX_UID}",
             environment=sb._env,
             mem_limit=lim.memory_bytes + lim.scratch_bytes,
             memswap_limit=lim.memory_bytes + lim.scratch_bytes,
@@ -376,7 +375,7 @@ class DockerSandbox(SessionBackend[_Container]):
             raise ConfigError("DockerSandbox runs with network_mode=none; Limits.network must be False")
         self._client = client
         self._image = image
-        self._env = _sandbox_env(self._limits, env)
+        self._env = sandbox_env(self._limits, env)
         self._ro_binds = [os.path.abspath(p) for p in ro_binds]
         self._runtime = runtime
         self._max_code_bytes = int(max_code_bytes)
@@ -395,7 +394,7 @@ class DockerSandbox(SessionBackend[_Container]):
 
     def _worker_config(self) -> dict[str, Any]:
         lim = self._limits
-        _, _, sys_path = _python_layout()
+        _, _, sys_path = python_layout()
         # No RLIMIT_NPROC: it counts per host uid across every container; pids_limit is per container.
         rlimits = {"CORE": 0, "NOFILE": 256, "AS": lim.memory_bytes, "FSIZE": lim.file_size_bytes}
         return {
@@ -454,7 +453,7 @@ class DockerSandbox(SessionBackend[_Container]):
             except asyncio.CancelledError:
                 c.killed_by_us = True
                 self._session = None
-                _spawn_background(c.kill())
+                spawn_background(c.kill())
                 raise
             return await self._end_call(c, outcome, call, limits=limits, t0=t0, lost_before=lost_before)
 

@@ -2,8 +2,8 @@
 
 Each E2BSandbox owns one e2b sandbox (a Firecracker microVM running a Jupyter-based code interpreter) and one
 code context (kernel) in it; ``reset`` restarts the context, ``close`` kills the VM. Real use needs
-``E2B_API_KEY`` and network access to e2b (see ``sandbox/README.md``); offline, point it at
-:class:`agentrl.sandbox.e2b_server.LocalE2BServer` with ``debug=True, sandbox_url=server.url``.
+``E2B_API_KEY`` and network access to e2b (see ``sandbox/README.md``); offline, point it at the tests' local
+stand-in server (``tests/sandbox/e2b_server.py``) with ``debug=True, sandbox_url=server.url``.
 
 What this backend enforces itself, because e2b does not: the wall-clock deadline (an asyncio deadline around
 the whole streamed request, not just the SDK's per-read timeout), the per-stream output cap and a hard
@@ -21,7 +21,8 @@ import time
 from typing import Any
 
 from agentrl.errors import ConfigError, SandboxError
-from agentrl.execution import ExecResult, ExecStatus, Limits
+from agentrl.execution import ExecResult, Limits
+from agentrl.types import ToolStatus
 
 from ._common import check_request
 from ._output import Capture
@@ -32,10 +33,10 @@ log = logging.getLogger(__name__)
 MiB = 1024 * 1024
 
 _STATUS_BY_ERROR = {
-    "SandboxTimeout": ExecStatus.TIMEOUT,
-    "SandboxOutputLimit": ExecStatus.OUTPUT_LIMIT,
-    "SandboxKilled": ExecStatus.KILLED,
-    "MemoryError": ExecStatus.OOM,
+    "SandboxTimeout": ToolStatus.TIMEOUT,
+    "SandboxOutputLimit": ToolStatus.OUTPUT_LIMIT,
+    "SandboxKilled": ToolStatus.KILLED,
+    "MemoryError": ToolStatus.OOM,
 }
 _LOSES_STATE = {"SandboxTimeout", "SandboxOutputLimit", "SandboxKilled", "SystemExit"}
 
@@ -163,7 +164,7 @@ class E2BSandbox:
                 await self.start()
             except SandboxError as e:
                 return ExecResult(
-                    ExecStatus.SANDBOX_ERROR, message=str(e), duration_s=time.perf_counter() - t0
+                    ToolStatus.SANDBOX_ERROR, message=str(e), duration_s=time.perf_counter() - t0
                 )
             return await self._run_locked(code, limits, t0)
 
@@ -192,7 +193,7 @@ class E2BSandbox:
                 return self._infra(f"the e2b sandbox died during the call: {e}", out, err, t0)
             lost = await self._restart_after_failure()
             return self._result(
-                ExecStatus.TIMEOUT,
+                ToolStatus.TIMEOUT,
                 out,
                 err,
                 t0,
@@ -203,7 +204,7 @@ class E2BSandbox:
         except _OutputOverflow:
             await self._restart_after_failure()
             return self._result(
-                ExecStatus.OUTPUT_LIMIT,
+                ToolStatus.OUTPUT_LIMIT,
                 out,
                 err,
                 t0,
@@ -222,9 +223,9 @@ class E2BSandbox:
                 feed(out, res.text + "\n")
         error = execution.error
         if error is None:
-            status, message, lost = ExecStatus.OK, "", False
+            status, message, lost = ToolStatus.OK, "", False
         else:
-            status = _STATUS_BY_ERROR.get(error.name, ExecStatus.ERROR)
+            status = _STATUS_BY_ERROR.get(error.name, ToolStatus.ERROR)
             lost = error.name in _LOSES_STATE or (error.name == "MemoryError" and "restarted" in error.value)
             if error.name == "SandboxError":
                 return self._infra(error.value, out, err, t0)
@@ -245,7 +246,7 @@ class E2BSandbox:
 
     def _infra(self, detail: str, out: Capture, err: Capture, t0: float) -> ExecResult:
         return self._result(
-            ExecStatus.SANDBOX_ERROR,
+            ToolStatus.SANDBOX_ERROR,
             out,
             err,
             t0,
@@ -255,7 +256,7 @@ class E2BSandbox:
 
     @staticmethod
     def _result(
-        status: ExecStatus, out: Capture, err: Capture, t0: float, *, state_lost: bool, message: str
+        status: ToolStatus, out: Capture, err: Capture, t0: float, *, state_lost: bool, message: str
     ) -> ExecResult:
         return ExecResult(
             status=status,

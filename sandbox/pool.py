@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.errors import ConfigError, SandboxError
-from agentrl.execution import ExecResult, ExecStatus
+from agentrl.execution import ExecResult
 from agentrl.protocols import Sandbox
+from agentrl.types import ToolStatus
 
 __all__ = ["PoolStats", "SandboxPool"]
 
@@ -44,7 +45,7 @@ class PoolStats:
 
 
 class SandboxPool:
-    """A bounded pool of sandboxes made by ``factory``.
+    """A bounded pool of sandboxes made by ``factory``; a :class:`~agentrl.protocols.SandboxSource`.
 
     Args:
         factory: makes a new, not yet started sandbox (e.g. ``lambda: LocalSandbox(limits)``).
@@ -145,7 +146,7 @@ class SandboxPool:
             async with self.acquire() as sb:
                 return await sb.run(code, timeout=timeout)
         except SandboxError as e:
-            return ExecResult(ExecStatus.SANDBOX_ERROR, message=str(e))
+            return ExecResult(ToolStatus.SANDBOX_ERROR, message=str(e))
 
     async def _acquire(self) -> Sandbox:
         if self._closed:

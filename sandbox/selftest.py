@@ -6,6 +6,9 @@ first local sandbox of a process starts, a throw-away sandbox with small limits 
 the wall clock, the memory limit, the process limit, the file-size limit, the network namespace, the
 environment allow-list, the read-only root, the PID namespace and (on x86_64) the seccomp filter. The result
 is cached per process and configuration, so it costs about half a second once, not per sandbox.
+
+The self-test knows no backend: it is given a :class:`SelfTestTarget`, whose factory makes the throw-away
+probe sandboxes (``LocalSandbox.self_test_target()`` builds one for its own configuration).
 """
 
 from __future__ import annotations
@@ -14,16 +17,18 @@ import asyncio
 import logging
 import time
 import weakref
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from agentrl.errors import SandboxSelfTestError
-from agentrl.execution import ExecStatus, Limits
+from agentrl.execution import ExecResult, Limits
+from agentrl.types import ToolStatus
 
-if TYPE_CHECKING:
-    from .local import LocalSandbox
+from . import _seccomp
+from ._layout import sandbox_env
 
-__all__ = ["SelfTestReport", "ensure_self_test", "self_test"]
+__all__ = ["Probe", "SelfTestReport", "SelfTestTarget", "clear_cache", "ensure_self_test", "run_self_test"]
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
@@ -58,6 +63,37 @@ class SelfTestReport:
     def summary(self) -> str:
         lines = [f"{'ok  ' if ok else 'FAIL'} {name}: {detail}" for name, (ok, detail) in self.checks.items()]
         return "\n".join(lines)
+
+
+class Probe(Protocol):
+    """A throw-away sandbox the self-test starts, runs its checks in, and closes."""
+
+    async def start(self) -> None:
+        """Start now; raise when the sandbox cannot start."""
+        ...
+
+    async def run(self, code: str, *, timeout: float | None = None) -> ExecResult:
+        """Run one check."""
+        ...
+
+    async def close(self) -> None:
+        """Release everything."""
+        ...
+
+
+@dataclass(frozen=True)
+class SelfTestTarget:
+    """One sandbox configuration to test: how to make probes of it, and what its result depends on."""
+
+    key: Hashable
+    """What the result depends on; results are cached per process under it."""
+    make_probe: Callable[[Limits], Probe]
+    """A sandbox of this configuration with the given (small) limits, that starts without running the
+    self-test itself and even when a limit is off (the self-test must be able to see that)."""
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    """Variables the configuration adds to the sandbox's environment allow-list."""
+    unsafe: bool = False
+    """Start anyway, with a warning, when a limit does not trip (never in training)."""
 
 
 # Runs inside the sandbox; prints one "name=ok|FAIL detail" line per check.
@@ -120,23 +156,13 @@ else:
 """
 
 
-async def _run_checks(sb: LocalSandbox) -> SelfTestReport:
-    from . import _seccomp
-    from .local import LocalSandbox, _sandbox_env
-
+async def _run_checks(target: SelfTestTarget) -> SelfTestReport:
     t0 = time.perf_counter()
     checks: dict[str, tuple[bool, str]] = {}
     lim = _TEST_LIMITS
     server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    probe = LocalSandbox(
-        lim,
-        unsafe=True,
-        disable_limits=sb._disabled,
-        ro_binds=sb._ro_binds,
-        env=sb._extra_env,
-        self_test=False,
-    )
+    probe = target.make_probe(lim)
     try:
         try:
             await probe.start()
@@ -156,7 +182,7 @@ async def _run_checks(sb: LocalSandbox) -> SelfTestReport:
             fsize=lim.file_size_bytes,
             fsize_try=lim.file_size_bytes * 2,
             port=port,
-            env=_sandbox_env(lim, sb._extra_env),
+            env=sandbox_env(lim, target.extra_env),
             seccomp=expect_seccomp,
         )
         r = await run(code, 10.0)
@@ -176,7 +202,7 @@ async def _run_checks(sb: LocalSandbox) -> SelfTestReport:
             )
 
         r = await run(_FORK_CHECK.format(tries=lim.max_processes + 32), 10.0)
-        if r is None or r.status is not ExecStatus.OK:
+        if r is None or r.status is not ToolStatus.OK:
             checks["processes"] = (False, f"fork test ended with {r and r.status}: {r and r.stderr[-300:]}")
         else:
             words = r.stdout.split()
@@ -186,7 +212,7 @@ async def _run_checks(sb: LocalSandbox) -> SelfTestReport:
 
         r = await run(f"x = b'x' * {lim.memory_bytes + 64 * MiB}\nlen(x)", 10.0)
         checks["memory"] = (
-            r is not None and r.status is ExecStatus.OOM,
+            r is not None and r.status is ToolStatus.OOM,
             f"allocating {lim.memory_bytes // MiB + 64} MiB under {lim.memory_bytes // MiB} MiB -> "
             f"{r.status if r else 'hung'}",
         )
@@ -195,12 +221,12 @@ async def _run_checks(sb: LocalSandbox) -> SelfTestReport:
         r = await run("import time\ntime.sleep(30)", 0.25)
         took = time.perf_counter() - t
         checks["wall"] = (
-            r is not None and r.status is ExecStatus.TIMEOUT and took < 2.0,
+            r is not None and r.status is ToolStatus.TIMEOUT and took < 2.0,
             f"sleep(30) under a 0.25 s limit -> {r.status if r else 'hung'} after {took:.2f} s",
         )
         r = await run("print(1 + 1)", 10.0)
         checks["restart"] = (
-            r is not None and r.status is ExecStatus.OK and r.stdout == "2\n",
+            r is not None and r.status is ToolStatus.OK and r.stdout == "2\n",
             f"after the timeout: {r.status if r else 'hung'} {r.stdout.strip() if r else ''}",
         )
     finally:
@@ -210,14 +236,14 @@ async def _run_checks(sb: LocalSandbox) -> SelfTestReport:
     return SelfTestReport(checks, time.perf_counter() - t0)
 
 
-_cache: dict[tuple[Any, ...], SelfTestReport] = {}
+_cache: dict[Hashable, SelfTestReport] = {}
 _inflight: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[tuple[Any, ...], asyncio.Future[SelfTestReport]]
+    asyncio.AbstractEventLoop, dict[Hashable, asyncio.Future[SelfTestReport]]
 ] = weakref.WeakKeyDictionary()
 
 
-async def _cached(sb: LocalSandbox) -> SelfTestReport:
-    key = sb.config_key()
+async def _cached(target: SelfTestTarget) -> SelfTestReport:
+    key = target.key
     if key in _cache:
         return _cache[key]
     loop = asyncio.get_running_loop()
@@ -227,7 +253,7 @@ async def _cached(sb: LocalSandbox) -> SelfTestReport:
     fut: asyncio.Future[SelfTestReport] = loop.create_future()
     pending[key] = fut
     try:
-        report = await _run_checks(sb)
+        report = await _run_checks(target)
     except BaseException as e:
         fut.set_exception(e)
         fut.exception()  # mark retrieved; waiters re-raise it
@@ -243,12 +269,12 @@ async def _cached(sb: LocalSandbox) -> SelfTestReport:
     return report
 
 
-async def ensure_self_test(sb: LocalSandbox) -> SelfTestReport:
-    """Run the self-test for ``sb``'s configuration once per process; raise unless it passed or the
-    sandbox is ``unsafe``."""
-    report = await _cached(sb)
+async def ensure_self_test(target: SelfTestTarget) -> SelfTestReport:
+    """Run the self-test for ``target``'s configuration once per process; raise unless it passed or the
+    target is ``unsafe``."""
+    report = await _cached(target)
     if not report.passed:
-        if sb._unsafe:
+        if target.unsafe:
             log.warning("starting an UNSAFE sandbox although limits %s did not trip", report.failed)
         else:
             raise SandboxSelfTestError(
@@ -258,13 +284,10 @@ async def ensure_self_test(sb: LocalSandbox) -> SelfTestReport:
     return report
 
 
-async def self_test(**sandbox_kwargs: Any) -> SelfTestReport:
-    """Run the local backend's self-test now (uncached) and return the report; never raises for a failed
-    limit. ``sandbox_kwargs`` are :class:`LocalSandbox` options such as ``disable_limits``."""
-    from .local import LocalSandbox
-
-    sb = LocalSandbox(self_test=False, **sandbox_kwargs)
-    return await _run_checks(sb)
+async def run_self_test(target: SelfTestTarget) -> SelfTestReport:
+    """Run the self-test for ``target`` now (uncached) and return the report; never raises for a failed
+    limit."""
+    return await _run_checks(target)
 
 
 def clear_cache() -> None:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
+from agentrl.errors import CalculatorError
 from agentrl.protocols import ToolOutput
 from agentrl.types import ToolStatus
 
@@ -29,10 +30,6 @@ MAX_EXPRESSION_CHARS = 500
 MAX_RESULT_BITS = 20_000  # about 6,000 decimal digits
 MAX_FACTORIAL = 2000
 MAX_NODES = 200
-
-
-class CalculatorError(ValueError):
-    """The expression is not valid arithmetic, or it is too large to compute."""
 
 
 def _check_size(x: Number) -> Number:
@@ -242,4 +239,4 @@ def calculator(expression: str) -> ToolOutput:
     try:
         return ToolOutput(format_number(evaluate(expression)))
     except CalculatorError as e:
-        return ToolOutput(f"Error: {e}", ToolStatus.ERROR.value)
+        return ToolOutput(f"Error: {e}", ToolStatus.ERROR)

@@ -20,8 +20,12 @@ model can act on. An exception inside the function comes back as :attr:`ToolStat
 traceback of the function's own frames. Neither ends the episode.
 
 A parameter annotated :class:`~agentrl.protocols.ToolContext` receives the episode's context (sandbox,
-limits, extras) and is left out of the schema. Sync functions run in a worker thread by default so a slow
-one cannot stall the event loop; pass ``thread=False`` for cheap pure functions.
+limits, extras) and is left out of the schema; a tool that runs code in ``context.sandbox`` says so with
+``@tool(needs_sandbox=True)``. Sync functions run in a worker thread by default so a slow one cannot stall
+the event loop; pass ``thread=False`` for cheap pure functions.
+
+Hand-written tools whose name or parameters are chosen at run time (:class:`~agentrl.tools.PythonTool`,
+:class:`~agentrl.tools.LookupTool`) build their schema with :func:`function_schema`, the same machinery.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from agentrl.errors import ConfigError, InfraError, ToolCallError
 from agentrl.protocols import ToolContext, ToolOutput
 from agentrl.types import ToolStatus
 
-__all__ = ["FunctionTool", "coerce_arguments", "tool"]
+__all__ = ["FunctionTool", "coerce_arguments", "function_schema", "tool"]
 
 _INT_RE = re.compile(r"^[+-]?\d+$")
 _TRACEBACK_CHARS = 1500
@@ -60,11 +64,22 @@ class FunctionTool:
         name: str | None = None,
         description: str | None = None,
         thread: bool = True,
+        needs_sandbox: bool = False,
     ):
         if not callable(fn):
             raise ConfigError(f"@tool needs a function, got {fn!r}")
+        if not inspect.isroutine(fn) and hasattr(fn, "schema") and hasattr(fn, "name"):
+            # A hand-written Tool that misses a member of the Protocol: wrapping it as a function would
+            # describe the wrong thing to the model.
+            missing = [m for m in ("name", "schema", "needs_sandbox") if not hasattr(fn, m)]
+            raise ConfigError(
+                f"{fn!r} looks like a Tool but lacks {missing} (agentrl.protocols.Tool); "
+                "a tool that never uses ToolContext.sandbox sets `needs_sandbox = False`"
+            )
         self.fn = fn
         self.thread = thread
+        self.needs_sandbox = bool(needs_sandbox)
+        """Whether the function uses ``ToolContext.sandbox`` (the environment then opens one per episode)."""
         self._is_async = inspect.iscoroutinefunction(fn)
         self._signature = inspect.signature(fn)
         try:
@@ -73,7 +88,13 @@ class FunctionTool:
             raise ConfigError(f"cannot resolve the type hints of {fn.__name__!r}: {e}") from e
         self._context_param = next((p for p, h in hints.items() if h is ToolContext and p != "return"), None)
         self._hints = {p: h for p, h in hints.items() if p not in ("return", self._context_param)}
-        self._schema = _build_schema(fn, self._signature, self._hints, self._context_param)
+        shown = [p for n, p in self._signature.parameters.items() if n != self._context_param]
+        self._schema = _build_schema(
+            getattr(fn, "__name__", "tool"),
+            inspect.getdoc(fn),
+            self._signature.replace(parameters=shown),
+            self._hints,
+        )
         fn_schema = self._schema["function"]
         if name is not None:
             fn_schema["name"] = name
@@ -104,7 +125,7 @@ class FunctionTool:
                 self._signature, self._hints, self.parameters, arguments, skip=self._context_param
             )
         except ToolCallError as e:
-            return ToolOutput(content=f"Error: {e}", status=ToolStatus.BAD_ARGUMENTS.value)
+            return ToolOutput(content=f"Error: {e}", status=ToolStatus.BAD_ARGUMENTS)
         if self._context_param is not None:
             kwargs[self._context_param] = context
         try:
@@ -119,7 +140,7 @@ class FunctionTool:
         except Exception as e:  # the model's recoverable problem: show it, keep the episode going
             return ToolOutput(
                 content=_short_traceback(e),
-                status=ToolStatus.ERROR.value,
+                status=ToolStatus.ERROR,
                 detail="".join(traceback.format_exception(e)),
             )
         return to_output(result)
@@ -131,7 +152,11 @@ def tool(fn: Callable[..., Any], /) -> FunctionTool: ...
 
 @overload
 def tool(
-    *, name: str | None = None, description: str | None = None, thread: bool = True
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    thread: bool = True,
+    needs_sandbox: bool = False,
 ) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 
 
@@ -142,6 +167,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     thread: bool = True,
+    needs_sandbox: bool = False,
 ) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
     """Turn a typed, documented function (sync or async) into a :class:`FunctionTool`.
 
@@ -150,13 +176,21 @@ def tool(
         name: Tool name shown to the model (default: the function's name).
         description: Overrides the docstring's summary.
         thread: Run a sync function in a worker thread (default) rather than on the event loop.
+        needs_sandbox: The function runs code in ``ToolContext.sandbox`` (take a ``ToolContext`` parameter);
+            environments then open a sandbox session per episode.
 
     Raises:
         ConfigError: the function cannot be described as a schema (missing hint or docstring entry).
     """
+    options: dict[str, Any] = {
+        "name": name,
+        "description": description,
+        "thread": thread,
+        "needs_sandbox": needs_sandbox,
+    }
     if fn is not None:
-        return FunctionTool(fn, name=name, description=description, thread=thread)
-    return lambda f: FunctionTool(f, name=name, description=description, thread=thread)
+        return FunctionTool(fn, **options)
+    return lambda f: FunctionTool(f, **options)
 
 
 def to_output(result: Any) -> ToolOutput:
@@ -177,33 +211,59 @@ def to_output(result: Any) -> ToolOutput:
 
 # ---------------------------------------------------------------------------------------------------
 # schema
+def function_schema(name: str, description: str, parameters: Mapping[str, tuple[Any, str]]) -> dict[str, Any]:
+    """The OpenAI function schema ``@tool`` builds for ``name(**parameters)``, for tools made at run time.
+
+    Args:
+        name: The tool name shown to the model.
+        description: What the tool does (shown to the model; kept verbatim).
+        parameters: Argument name -> (type hint, description), in order; every argument is required.
+
+    Raises:
+        ConfigError: an argument name is not an identifier, a description is empty, or a hint has no schema.
+    """
+    summary = " ".join(description.split())
+    if not name or not summary:
+        raise ConfigError(f"a tool needs a name and a description, got {name!r} and {description!r}")
+    params, hints, doc = [], {}, [summary, "", "Args:"]
+    for arg, (hint, text) in parameters.items():
+        if not arg.isidentifier():
+            raise ConfigError(f"tool {name!r}: argument name {arg!r} is not an identifier")
+        if not text.strip():
+            raise ConfigError(f"tool {name!r}: argument {arg!r} needs a description")
+        params.append(inspect.Parameter(arg, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=hint))
+        hints[arg] = hint
+        doc.append(f"    {arg}: {' '.join(text.split())}")
+
+    schema = _build_schema(name, "\n".join(doc), inspect.Signature(params), hints)
+    schema["function"]["description"] = description
+    return schema
+
+
 def _build_schema(
-    fn: Callable[..., Any],
-    signature: inspect.Signature,
-    hints: dict[str, Any],
-    context_param: str | None,
+    name: str, doc: str | None, signature: inspect.Signature, hints: dict[str, Any]
 ) -> dict[str, Any]:
+    """The schema of a function called ``name`` with this docstring, signature and resolved hints."""
     from transformers.utils import get_json_schema
 
-    # get_json_schema reads __signature__, resolved annotations, __name__ and the docstring. A stand-in
-    # lets us hide the context parameter (not the model's business) without touching the function.
+    # get_json_schema reads __signature__, resolved annotations, __name__ and the docstring of a function.
+    # A stand-in carries them, so a tool's own function is never touched (its context parameter is hidden).
     def stand_in() -> None: ...
 
-    params = [p for n, p in signature.parameters.items() if n != context_param]
-    stand_in.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    stand_in.__signature__ = signature  # type: ignore[attr-defined]
     stand_in.__annotations__ = dict(hints)
-    stand_in.__name__ = getattr(fn, "__name__", "tool")
-    stand_in.__doc__ = inspect.getdoc(fn)
-    for p in params:
+    stand_in.__name__ = name
+    stand_in.__doc__ = doc
+    for p in signature.parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            raise ConfigError(f"tool {stand_in.__name__!r}: *args/**kwargs cannot be described to a model")
+            raise ConfigError(f"tool {name!r}: *args/**kwargs cannot be described to a model")
     try:
         schema = get_json_schema(stand_in)
     except Exception as e:  # transformers' own exceptions say exactly what is missing
-        raise ConfigError(f"cannot build a tool schema for {stand_in.__name__!r}: {e}") from e
+        raise ConfigError(f"cannot build a tool schema for {name!r}: {e}") from e
     schema["function"].pop("return", None)  # not part of the OpenAI function schema
     if not schema["function"].get("description"):
-        raise ConfigError(f"tool {stand_in.__name__!r} needs a one-line summary in its docstring")
+        raise ConfigError(f"tool {name!r} needs a one-line summary in its docstring")
     return schema
 
 

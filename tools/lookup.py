@@ -15,6 +15,8 @@ from agentrl.errors import ConfigError
 from agentrl.protocols import ToolContext, ToolOutput
 from agentrl.types import ToolStatus
 
+from .function import function_schema
+
 __all__ = ["LookupTool"]
 
 
@@ -29,6 +31,9 @@ class LookupTool:
         key_description: What to pass as the key.
         extra_key: Where to find a per-episode table in ``ToolContext.extra``.
     """
+
+    needs_sandbox = False
+    """A table lookup runs no code."""
 
     def __init__(
         self,
@@ -46,18 +51,7 @@ class LookupTool:
         self.extra_key = extra_key
         self.key_name = key_name
         self._name = name
-        self._schema = {
-            "type": "function",
-            "function": {
-                "name": name,
-                "description": description,
-                "parameters": {
-                    "type": "object",
-                    "properties": {key_name: {"type": "string", "description": key_description}},
-                    "required": [key_name],
-                },
-            },
-        }
+        self._schema = function_schema(name, description, {key_name: (str, key_description)})
 
     @property
     def name(self) -> str:
@@ -72,13 +66,13 @@ class LookupTool:
         if set(arguments) != {self.key_name} or not isinstance(key, str | int):
             return ToolOutput(
                 f"Error: call {self._name} with one argument, {self.key_name!r} (a string).",
-                ToolStatus.BAD_ARGUMENTS.value,
+                ToolStatus.BAD_ARGUMENTS,
             )
         table = self.table if self.table is not None else context.extra.get(self.extra_key)
         if not isinstance(table, Mapping):
             return ToolOutput(
                 "Error: the table is not available.",
-                ToolStatus.ERROR.value,
+                ToolStatus.ERROR,
                 detail=f"no mapping at ToolContext.extra[{self.extra_key!r}]",
             )
         key = str(key)
@@ -90,4 +84,4 @@ class LookupTool:
             return ToolOutput(str(table[hit]))
         close = difflib.get_close_matches(key, [str(k) for k in table], n=3, cutoff=0.5)
         hint = f" Did you mean: {', '.join(close)}?" if close else f" Known: {', '.join(map(str, table))}."
-        return ToolOutput(f"No entry for {key!r}.{hint}"[:1000], ToolStatus.ERROR.value)
+        return ToolOutput(f"No entry for {key!r}.{hint}"[:1000], ToolStatus.ERROR)

@@ -6,8 +6,9 @@ to ``ToolContext.sandbox``, typed only against :class:`agentrl.protocols.Sandbox
 the local bubblewrap sandbox, a container or a remote backend.
 
 What the model sees: stdout, then stderr (tracebacks), capped to ``max_output_chars`` keeping head and tail,
-plus a one-line note when a limit stopped the code. Sandbox statuses map one to one onto
-:class:`ToolStatus`; ``sandbox_error`` is infrastructure (the rollout marks the episode ``infra_failure``).
+plus a one-line note when a limit stopped the code. A sandbox run's status is already a :class:`ToolStatus`
+and becomes the call's status unchanged; ``sandbox_error`` is infrastructure (the rollout marks the episode
+``infra_failure``).
 """
 
 from __future__ import annotations
@@ -16,31 +17,26 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentrl.errors import ConfigError
-from agentrl.execution import ExecResult, ExecStatus
+from agentrl.execution import ExecResult
 from agentrl.protocols import ToolContext, ToolOutput
 from agentrl.types import ToolStatus
 
 from ._text import cap_text
+from .function import function_schema
 
-__all__ = ["STATUS_MAP", "PythonTool", "format_exec_result", "python"]
+__all__ = ["PythonTool", "format_exec_result", "python"]
 
-STATUS_MAP: dict[ExecStatus, ToolStatus] = {
-    ExecStatus.OK: ToolStatus.OK,
-    ExecStatus.ERROR: ToolStatus.ERROR,
-    ExecStatus.TIMEOUT: ToolStatus.TIMEOUT,
-    ExecStatus.OOM: ToolStatus.OOM,
-    ExecStatus.OUTPUT_LIMIT: ToolStatus.OUTPUT_LIMIT,
-    ExecStatus.KILLED: ToolStatus.KILLED,
-    ExecStatus.SANDBOX_ERROR: ToolStatus.SANDBOX_ERROR,
-}
-"""How a sandbox run's status becomes a tool call's status."""
+_DESCRIPTION = (
+    "Run Python code and return what it prints (the value of a final expression is shown too). Variables "
+    "and imports persist between calls in this conversation."
+)
 
 _NOTES = {
-    ExecStatus.TIMEOUT: "The code ran too long and was stopped.",
-    ExecStatus.OOM: "MemoryError: the code used too much memory and was stopped.",
-    ExecStatus.OUTPUT_LIMIT: "The code printed too much output and was stopped.",
-    ExecStatus.KILLED: "The code was killed by a resource limit.",
-    ExecStatus.SANDBOX_ERROR: "The Python sandbox failed (not a problem with your code).",
+    ToolStatus.TIMEOUT: "The code ran too long and was stopped.",
+    ToolStatus.OOM: "MemoryError: the code used too much memory and was stopped.",
+    ToolStatus.OUTPUT_LIMIT: "The code printed too much output and was stopped.",
+    ToolStatus.KILLED: "The code was killed by a resource limit.",
+    ToolStatus.SANDBOX_ERROR: "The Python sandbox failed (not a problem with your code).",
 }
 
 
@@ -64,21 +60,7 @@ class PythonTool:
         self.timeout = timeout
         self.max_output_chars = max_output_chars
         self._name = name
-        self._schema = {
-            "type": "function",
-            "function": {
-                "name": name,
-                "description": (
-                    "Run Python code and return what it prints (the value of a final expression is shown "
-                    "too). Variables and imports persist between calls in this conversation."
-                ),
-                "parameters": {
-                    "type": "object",
-                    "properties": {"code": {"type": "string", "description": "The Python code to run."}},
-                    "required": ["code"],
-                },
-            },
-        }
+        self._schema = function_schema(name, _DESCRIPTION, {"code": (str, "The Python code to run.")})
 
     @property
     def name(self) -> str:
@@ -96,13 +78,11 @@ class PythonTool:
         code = arguments.get("code")
         if not isinstance(code, str) or extra:
             why = f"unexpected argument(s) {extra}" if extra else "it needs a 'code' string"
-            return ToolOutput(
-                f"Error: {why}. Call it as {self._name}(code=...).", ToolStatus.BAD_ARGUMENTS.value
-            )
+            return ToolOutput(f"Error: {why}. Call it as {self._name}(code=...).", ToolStatus.BAD_ARGUMENTS)
         if context.sandbox is None:
             return ToolOutput(
-                _NOTES[ExecStatus.SANDBOX_ERROR],
-                ToolStatus.SANDBOX_ERROR.value,
+                _NOTES[ToolStatus.SANDBOX_ERROR],
+                ToolStatus.SANDBOX_ERROR,
                 detail="no sandbox in the ToolContext: the environment did not provide one",
             )
         timeout = self.timeout
@@ -112,14 +92,12 @@ class PythonTool:
             result = await context.sandbox.run(code, timeout=timeout)
         except Exception as e:  # the Protocol says run() does not raise; a backend that does is broken
             return ToolOutput(
-                _NOTES[ExecStatus.SANDBOX_ERROR],
-                ToolStatus.SANDBOX_ERROR.value,
+                _NOTES[ToolStatus.SANDBOX_ERROR],
+                ToolStatus.SANDBOX_ERROR,
                 detail=f"sandbox.run raised {type(e).__name__}: {e}",
             )
         return ToolOutput(
-            format_exec_result(result, self.max_output_chars),
-            STATUS_MAP.get(result.status, ToolStatus.SANDBOX_ERROR).value,
-            detail=result.message,
+            format_exec_result(result, self.max_output_chars), result.status, detail=result.message
         )
 
 

@@ -1,17 +1,21 @@
-"""The ``agentrl`` command: train, eval, plot, replay, envs."""
+"""The ``agentrl`` command: train, eval, plot, replay, gateway, envs."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from agentrl.config import add_config_arguments, config_from_args, config_from_dict, config_to_dict
+from agentrl.config import add_config_arguments, config_from_args, config_to_dict
 from agentrl.errors import AgentRLError
+from agentrl.run import RunDir
+
+if TYPE_CHECKING:
+    from agentrl.trainers.pg import TrainConfig
 
 TRAIN_ALIASES = {"lr": "learner.lr", "temperature": "rollout.temperature"}
 
@@ -50,22 +54,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     replay.add_parser(sub)
 
+    from agentrl.trainers.gateway import cli as gateway_cli
+
+    gateway_cli.add_parser(sub)
+
     sub.add_parser("envs", help="list registered environments")
     return parser
 
 
-def _train_config(ns: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _train_config(ns: argparse.Namespace) -> TrainConfig:
     from agentrl.trainers.pg import TrainConfig
 
     resume = getattr(ns, "resume", None)
     if resume is None:
         return config_from_args(TrainConfig, ns)
-    saved = Path(resume) / "config.json"
-    if not saved.exists():
+    run = RunDir(Path(resume))
+    if not run.exists():
         raise AgentRLError(f"--resume {resume}: no config.json there; is it a run directory?")
-    base = config_from_dict(TrainConfig, json.loads(saved.read_text()))
-    cfg = config_from_args(TrainConfig, ns, base=base)
-    return dataclasses.replace(cfg, resume=resume, out=resume)
+    # The run's own settings are the base; the flags given now may only change what a resume allows.
+    base = run.read_config(TrainConfig, out=resume, resume=resume)
+    return config_from_args(TrainConfig, ns, base=base)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -104,6 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from agentrl.trainers import replay
 
             return replay.run(ns)
+        if ns.command == "gateway":
+            from agentrl.trainers.gateway import cli as gateway_cli
+
+            return gateway_cli.run(ns)
         if ns.command == "envs":
             import agentrl
 

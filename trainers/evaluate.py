@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import torch
-
 import agentrl
-from agentrl import Sampling, TrajectoryMeta
+from agentrl import TrajectoryMeta
 from agentrl.chat import ChatRenderer
 from agentrl.errors import ConfigError
-from agentrl.models import load_model, load_tokenizer, smollm2_dir
+from agentrl.models import ModelSpec, model_folder, resolve_model
 from agentrl.policies import HFPolicy
 from agentrl.rollout import RolloutConfig, run_groups
 
@@ -65,34 +61,31 @@ async def evaluate(
     temperature: float = 1.0,
     device: str = "cpu",
 ) -> EvalReport:
-    """Sample ``k`` episodes on each of ``tasks`` held-out tasks and report pass@1 / pass@k."""
-    path = smollm2_dir() if model == "smollm2" else Path(model)
-    if not (Path(path) / "config.json").exists():
-        raise ConfigError(
-            f"--model {model!r}: {path} is not a Hugging Face model folder "
-            "(a run's checkpoint is <run>/checkpoints/step-N/model)"
-        )
+    """Sample ``k`` episodes on each of ``tasks`` held-out tasks and report pass@1 / pass@k.
+
+    ``model`` is ``smollm2``, a model folder, a checkpoint (``<run>/checkpoints/step-N``) or a run directory
+    (its newest checkpoint), as :func:`agentrl.models.resolve_model` reads it.
+    """
+    spec = ModelSpec(model, device=device)
+    model_folder(spec.name)  # a wrong --model fails here, before any env is built
     kwargs: dict[str, Any] = {"split": split}
     try:
         agentrl.make(env, **kwargs)
     except ConfigError:
         kwargs = {}  # the env has no split argument: evaluate on its only task distribution
-    tokenizer = load_tokenizer(path)
-    renderer = ChatRenderer(tokenizer)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    loaded = resolve_model(spec)
+    renderer = ChatRenderer(loaded.tokenizer)
     policy = HFPolicy(
-        load_model(path, dtype=dtype, device=device),
-        tokenizer,
+        loaded.model,
+        loaded.tokenizer,
         stop_token_ids=renderer.stop_token_ids,
-        device=device,
+        device=loaded.device,
         seed=seed,
     )
-    cfg = RolloutConfig(
-        max_turns=max_turns, sampling=Sampling(max_new_tokens=max_new_tokens, temperature=temperature)
-    )
-    by_task: dict[str, list[float]] = defaultdict(list)
+    cfg = RolloutConfig(max_turns=max_turns, max_new_tokens=max_new_tokens, temperature=temperature)
+    by_task: dict[str, list[float]] = {}
     infra = 0
-    async for traj in run_groups(
+    async for done in run_groups(
         lambda: agentrl.make(env, **kwargs),
         policy,
         renderer,
@@ -101,10 +94,11 @@ async def evaluate(
         group_size=k,
         meta=TrajectoryMeta(env_id=env),
     ):
-        if traj.infra_failure:
-            infra += 1
-        else:
-            by_task[traj.meta.task_id].append(traj.reward)
+        usable = done.group.usable() if done.group is not None else None
+        if done.group is not None:
+            infra += done.group.infra_failures
+        if usable is not None:
+            by_task[usable.task_id] = list(usable.rewards)
     rewards = [r for rs in by_task.values() for r in rs]
     full = [rs for rs in by_task.values() if len(rs) == k]
     return EvalReport(

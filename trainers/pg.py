@@ -4,16 +4,18 @@ One step, top to bottom::
 
     tasks for step k (deterministic in seed and k)
       → run_groups: N episodes per task with the current policy, each trajectory appended to
-        <run>/trajectories.jsonl the moment it finishes
+        <run>/trajectories.jsonl the moment it finishes, each TrajectoryGroup kept as it completes
       → drop infra failures (never scored as reward 0)
-      → collate → Learner.score (log π and Σπ² of the current weights) → compute_advantages(estimator)
+      → policy_update(groups): collate → Learner.score (log π and Σπ² of the current weights)
+        → estimator.advantages (typed estimator config), baselines within each group
       → Learner.step (PPO-clip / REINFORCE) → the policy sees the new weights (version k+1)
       → one line in <run>/metrics.jsonl, a checkpoint in <run>/checkpoints/step-<k+1>
 
 Resume (``--resume RUN``) loads the last checkpoint (weights, optimizer, RNG, data position), drops
 metrics lines of steps it will redo, and reuses every *complete* group of the interrupted step that is already
-on disk (they were sampled by the same weights), so no finished trajectory is lost and no step is logged
-twice. SIGINT/SIGTERM stop the rollout, keep what finished, checkpoint and exit.
+on disk (read back with ``agentrl.store.read_groups``; they were sampled by the same weights), so no finished
+trajectory is lost and no step is logged twice. SIGINT/SIGTERM stop the rollout, keep what finished,
+checkpoint and exit.
 """
 
 from __future__ import annotations
@@ -21,13 +23,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.util
-import json
 import math
 import os
 import signal
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,38 +36,30 @@ from typing import Any, Literal
 import torch
 
 import agentrl
-from agentrl import JsonlStore, Policy, Sampling, Trajectory, TrajectoryMeta, read_trajectories
+from agentrl import JsonlStore, Trajectory, TrajectoryGroup, TrajectoryMeta, read_groups
 from agentrl.chat import ChatRenderer
-from agentrl.checkpoint import CheckpointState, latest_checkpoint, load_checkpoint, save_checkpoint
-from agentrl.config import config_from_dict, config_to_dict
+from agentrl.checkpoint import CheckpointState, load_checkpoint, save_checkpoint
+from agentrl.config import config_to_dict
+from agentrl.credit import OTB, AdvantageEstimator, Estimator, estimator_config
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner, LearnerConfig
 from agentrl.metrics import MetricsLogger
-from agentrl.models import load_model, load_tokenizer, smollm2_dir, smollm2_tokenizer, tiny_model
+from agentrl.models import model_folder, resolve_model
 from agentrl.policies import HFPolicy
+from agentrl.protocols import UpdatablePolicy, WeightSink, WeightUpdate
 from agentrl.rollout import RolloutConfig, run_groups
+from agentrl.run import ModelSpec, RunDir
 from agentrl.types import ToolStatus
 from agentrl.update import policy_update
 
-__all__ = ["RolloutSettings", "TrainConfig", "episode_metrics", "resolve_model", "task_seeds", "train"]
-
-Estimator = Literal["otb", "grpo", "rloo", "opo", "none"]
-
-
-@dataclass(frozen=True)
-class RolloutSettings:
-    """How episodes are sampled."""
-
-    max_turns: int = 3
-    """Most model turns per episode (truncated past it)."""
-    max_new_tokens: int = 96
-    """Most tokens the model may sample in one turn."""
-    max_total_tokens: int = 1024
-    """Context budget for a whole episode: prompt, turns and tool output."""
-    temperature: float = 1.0
-    """Sampling temperature (the learner uses the same one for its log-probs)."""
-    concurrency: int = 16
-    """Episodes in flight at once; the HF policy batches their turns together."""
+__all__ = [
+    "TrainConfig",
+    "episode_metrics",
+    "model_spec",
+    "prepare_run",
+    "task_seeds",
+    "train",
+]
 
 
 @dataclass(frozen=True)
@@ -81,8 +73,12 @@ class TrainConfig:
     """Registered environment id (see `agentrl envs`); the default is math-tir-v0's arithmetic tasks."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the environment, as JSON (e.g. '{"difficulty": 2}')."""
-    estimator: Estimator = "otb"
-    """Advantage estimator: otb (Optimal Token Baseline), grpo, rloo, opo or none."""
+    agent: str | None = None
+    """Train an agent written against the openai client: FILE.py:FUNC, where async FUNC(task, base_url)
+    returns the reward; --env is then its task source (a registered env or a .jsonl file of tasks). See
+    docs/gateway.md."""
+    estimator: Estimator = field(default_factory=OTB)
+    """Advantage estimator (credit assignment), with its options."""
     group_size: int = 4
     """Episodes per task; they share a group for credit assignment."""
     groups_per_step: int = 4
@@ -102,8 +98,13 @@ class TrainConfig:
     policy: Literal["auto", "hf", "vllm"] = "auto"
     """Sampler: hf (transformers, shares the learner's weights) or vllm (in-process engine on the GPU, weights
     pushed in memory after each step); auto picks vllm on CUDA when it is installed, else hf."""
-    rollout: RolloutSettings = field(default_factory=RolloutSettings)
-    """Sampling settings."""
+    rollout: RolloutConfig = field(
+        default_factory=lambda: RolloutConfig(
+            max_turns=3, max_new_tokens=96, max_total_tokens=1024, concurrency=16, on_template_mismatch="stop"
+        )
+    )
+    """How episodes run: turn and token limits, sampling, concurrency (the HF policy batches the turns of
+    the episodes in flight)."""
     learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(lr=2e-6, micro_batch_tokens=4096))
     """Loss, optimizer and memory settings."""
     checkpoint_every: int = 1
@@ -120,11 +121,19 @@ class TrainConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
-        if self.estimator in ("otb", "grpo", "rloo") and self.group_size < 2:
+        if not isinstance(self.estimator, AdvantageEstimator):
+            # Python callers may still pass a name ("grpo") or the config.json form, as before.
+            object.__setattr__(self, "estimator", estimator_config(self.estimator))
+        if self.estimator.subtracts_group_baseline and self.group_size < 2:
             # Not an error for OTB (a group of one falls back to the return), but almost surely a mistake.
             print(f"note: --group-size 1 gives {self.estimator} no baseline to subtract", file=sys.stderr)
         if not isinstance(self.env_kwargs, dict):
             raise ConfigError("--env-kwargs must be a JSON object")
+        if self.rollout.top_p != 1.0:
+            raise ConfigError(
+                f"--rollout.top-p {self.rollout.top_p}: the learner scores the full distribution, so nucleus "
+                "sampling would train on log-probs the sampler never used; keep 1"
+            )
         if not math.isclose(self.rollout.temperature, self.learner.temperature):
             raise ConfigError(
                 f"--rollout.temperature ({self.rollout.temperature}) and --learner.temperature "
@@ -142,30 +151,10 @@ def task_seeds(seed: int, step: int, groups_per_step: int) -> list[int]:
     return [base + j for j in range(groups_per_step)]
 
 
-def resolve_model(cfg: TrainConfig) -> tuple[Any, Any, torch.device]:
-    """Load (model, tokenizer, device) as the config says; never touches a model hub."""
-    device = torch.device(
-        "cuda"
-        if cfg.device == "auto" and torch.cuda.is_available()
-        else ("cpu" if cfg.device == "auto" else cfg.device)
-    )
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda but no CUDA device is visible")
-    dtype = {
-        "auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
-        "float32": torch.float32,
-        "bfloat16": torch.bfloat16,
-    }[cfg.dtype]
-    if cfg.model == "tiny":
-        tokenizer = smollm2_tokenizer()
-        model = tiny_model(tokenizer, seed=cfg.seed).to(device=device, dtype=dtype)
-    else:
-        path = smollm2_dir() if cfg.model == "smollm2" else Path(cfg.model)
-        if not (Path(path) / "config.json").exists():
-            raise ConfigError(f"--model {cfg.model!r}: {path} is not a Hugging Face model folder")
-        tokenizer = load_tokenizer(path)
-        model = load_model(path, dtype=dtype, device=device)
-    return model, tokenizer, device
+def model_spec(cfg: TrainConfig) -> ModelSpec:
+    """Which weights the run starts from, where and in what precision (:func:`agentrl.models.resolve_model`
+    loads them; replay rebuilds a run's initial weights from the same spec)."""
+    return ModelSpec(cfg.model, seed=cfg.seed, device=cfg.device, dtype=cfg.dtype)
 
 
 def make_policy(
@@ -176,7 +165,7 @@ def make_policy(
     device: torch.device,
     *,
     version: int,
-) -> Policy:
+) -> UpdatablePolicy:
     """The sampler the config asks for. The HF policy samples with the learner's own model object."""
     kind = cfg.policy
     if kind == "auto":
@@ -186,8 +175,8 @@ def make_policy(
             raise ConfigError("--policy vllm needs --device cuda")
         from agentrl.policies import VLLMPolicy
 
-        path = smollm2_dir() if cfg.model == "smollm2" else Path(cfg.model)
-        if cfg.model == "tiny":
+        path = model_folder(cfg.model)
+        if path is None:
             raise ConfigError("--policy vllm cannot serve --model tiny (it has no folder); use hf")
         vllm_policy = VLLMPolicy(
             str(path),
@@ -208,15 +197,10 @@ def make_policy(
     )
 
 
-async def publish_weights(policy: Policy, model: Any, version: int) -> None:
-    """Hand the updated weights to the sampler: nothing to copy for HF (same object), in memory for vLLM."""
-    if isinstance(policy, HFPolicy):
-        policy.set_version(version)
-        return
-    load = getattr(policy, "load_weights", None)
-    if load is None:
-        raise ConfigError(f"{type(policy).__name__} cannot receive new weights")
-    await load(((name, p.detach()) for name, p in model.state_dict().items()), version=version)
+async def publish_weights(sink: WeightSink, model: Any, version: int) -> None:
+    """Hand the learner's weights after an update to the sampler, as ``version``: an HF policy that shares
+    the learner's model object only takes the version, vLLM copies them in memory."""
+    await sink.load_weights(WeightUpdate(version, model.state_dict()))
 
 
 def _env_factory(cfg: TrainConfig, pool: Any) -> Callable[[], agentrl.Env]:
@@ -258,15 +242,12 @@ def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     }
 
 
-def _complete_groups(run_dir: Path, step: int, group_size: int) -> dict[str, list[Trajectory]]:
-    """Finished groups of ``step`` already on disk, by task id (a resumed step reuses them)."""
-    by_group: dict[str, list[Trajectory]] = defaultdict(list)
+def _complete_groups(run_dir: Path, step: int, group_size: int) -> list[TrajectoryGroup]:
+    """Finished groups of ``step`` on disk, in the order they completed (a resumed step reuses them)."""
     path = run_dir / "trajectories.jsonl"
-    if path.exists():
-        for t in read_trajectories(path):
-            if t.meta.step == step:
-                by_group[t.meta.group_id].append(t)
-    return {g[0].meta.task_id: g for g in by_group.values() if len(g) == group_size}
+    if not path.exists():
+        return []
+    return [g for g in read_groups(path, size=group_size) if g[0].meta.step == step]
 
 
 class _Progress:
@@ -302,28 +283,26 @@ RESUMABLE = frozenset({"steps", "resume", "out", "progress", "loggers"})
 """Settings a resumed run may change."""
 
 
-def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, Path]:
+def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, RunDir]:
     """Resolve the run directory and the config actually used (a resumed run keeps its saved config)."""
     if cfg.resume is not None:
-        run_dir = Path(cfg.resume)
-        saved = run_dir / "config.json"
-        if not saved.exists():
-            raise ConfigError(f"--resume {run_dir}: no config.json there; is it a run directory?")
-        old = config_to_dict(config_from_dict(TrainConfig, json.loads(saved.read_text())))
+        run = RunDir(Path(cfg.resume))
+        if not run.exists():
+            raise ConfigError(f"--resume {run.path}: no config.json there; is it a run directory?")
+        here = str(run.path)  # a moved run directory still names its old path
+        old = config_to_dict(run.read_config(TrainConfig, out=here, resume=here))
         new = config_to_dict(cfg)
         # Only the run's length and its display may change: anything else would mix two experiments.
         changed = sorted(k for k in new if k not in RESUMABLE and new[k] != old[k])
         if changed:
             raise ConfigError(f"--resume keeps the run's saved settings; cannot change {changed}")
     else:
-        out = cfg.out or f"runs/{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"
-        run_dir = Path(out)
-        if (run_dir / "config.json").exists():
-            raise ConfigError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it")
-        cfg = dataclasses.replace(cfg, out=str(run_dir))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
-    return cfg, run_dir
+        run = RunDir(Path(cfg.out or f"runs/{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"))
+        if run.exists():
+            raise ConfigError(f"{run.path} already holds a run; pass --resume {run.path} to continue it")
+        cfg = dataclasses.replace(cfg, out=str(run.path))
+    run.write_config(cfg)
+    return cfg, run
 
 
 @dataclass
@@ -332,43 +311,39 @@ class _Session:
 
     cfg: TrainConfig
     run_dir: Path
-    make_env: Callable[[], agentrl.Env]
-    policy: Policy
+    make_env: Callable[[], agentrl.Env] | None
+    policy: UpdatablePolicy
     renderer: ChatRenderer
-    rollout_cfg: RolloutConfig
     store: JsonlStore
     learner: Learner
     metrics: MetricsLogger
     stop: asyncio.Event
     first_step: int
     """The step this process started at: only it can find its own episodes already on disk (a resume)."""
+    agent: Any = None
+    """With --agent: the AgentRunner that produces each step's groups through the gateway."""
 
 
 async def train(cfg: TrainConfig) -> Path:
     """Run the training loop; return the run directory."""
     from agentrl.sandbox import LocalSandbox, SandboxPool
 
-    cfg, run_dir = prepare_run(cfg)
+    cfg, run = prepare_run(cfg)
+    run_dir = run.path
     torch.manual_seed(cfg.seed)
 
     t0 = time.perf_counter()
-    model, tokenizer, device = resolve_model(cfg)
+    loaded = resolve_model(model_spec(cfg))
+    model, tokenizer, device = loaded.model, loaded.tokenizer, loaded.device
     renderer = ChatRenderer(tokenizer)
     learner = Learner(model, cfg.learner)
     start = 0
-    ckpt = latest_checkpoint(run_dir)
+    ckpt = run.latest_checkpoint()
     if ckpt is not None:
         start = load_checkpoint(ckpt, model=model, optimizer=learner.optimizer).step
-        print(f"resumed {run_dir} at step {start} from {ckpt.name}")
+        print(f"resumed {run_dir} at step {start} from {ckpt.path.name}")
     policy = make_policy(cfg, model, tokenizer, renderer, device, version=start)
-    rollout_cfg = RolloutConfig(
-        max_turns=cfg.rollout.max_turns,
-        sampling=Sampling(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature),
-        max_total_tokens=cfg.rollout.max_total_tokens,
-        concurrency=cfg.rollout.concurrency,
-        on_template_mismatch="stop",
-    )
-    store = JsonlStore(run_dir / "trajectories.jsonl")
+    store = JsonlStore(run.trajectories_path)
     metrics = MetricsLogger(run_dir, backends=cfg.loggers, config=config_to_dict(cfg))
     metrics.truncate_from(start)
     print(
@@ -383,20 +358,22 @@ async def train(cfg: TrainConfig) -> Path:
         loop.add_signal_handler(sig, stop.set)
     step = start
     pool = SandboxPool(LocalSandbox, size=cfg.rollout.concurrency, max_waiting=4 * cfg.rollout.concurrency)
+    from agentrl.trainers.gateway.agent_rollout import agent_runner
+
     try:
-        async with pool:
+        async with pool, agent_runner(cfg, policy, renderer) as agent:
             session = _Session(
                 cfg,
                 run_dir,
-                _env_factory(cfg, pool),
+                _env_factory(cfg, pool) if agent is None else None,
                 policy,
                 renderer,
-                rollout_cfg,
                 store,
                 learner,
                 metrics,
                 stop,
                 first_step=start,
+                agent=agent,
             )
             for step in range(start, cfg.steps):
                 done = await _train_step(session, step)
@@ -404,7 +381,7 @@ async def train(cfg: TrainConfig) -> Path:
                     break
                 if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
                     save_checkpoint(
-                        run_dir,
+                        run,
                         model=model,
                         optimizer=learner.optimizer,
                         tokenizer=tokenizer,
@@ -418,10 +395,10 @@ async def train(cfg: TrainConfig) -> Path:
         metrics.close()
     if stop.is_set():
         # The weights are those after the last completed step: make sure a checkpoint says so.
-        latest = latest_checkpoint(run_dir)
-        if latest is None or int(latest.name.split("-")[1]) != step:
+        latest = run.latest_checkpoint()
+        if latest is None or latest.step != step:
             save_checkpoint(
-                run_dir,
+                run,
                 model=model,
                 optimizer=learner.optimizer,
                 tokenizer=tokenizer,
@@ -439,20 +416,27 @@ async def _train_step(s: _Session, step: int) -> bool:
     t_step = time.perf_counter()
     seeds = task_seeds(cfg.seed, step, cfg.groups_per_step)
     # Reading the run's trajectories back is only needed once, for the step a resumed run starts at.
-    reused = _complete_groups(s.run_dir, step, cfg.group_size) if step == s.first_step else {}
-    trajs = [t for g in reused.values() for t in g]
-    todo = [seed for seed in seeds if f"{cfg.env}:{seed}" not in reused]
+    groups = _complete_groups(s.run_dir, step, cfg.group_size) if step == s.first_step else []
+    reused_tasks = {g.task_id for g in groups}
+    reused = sum(len(g) for g in groups)
+    todo = [seed for seed in seeds if f"{cfg.env}:{seed}" not in reused_tasks]
     total = len(todo) * cfg.group_size
     bar = _Progress(cfg.progress, total, f"step {step} rollout")
     meta = TrajectoryMeta(env_id=cfg.env, step=step, policy_version=policy.version)
 
     async def rollout() -> None:
-        async for traj in run_groups(
-            s.make_env, policy, s.renderer, s.rollout_cfg, seeds=todo, group_size=cfg.group_size, meta=meta
-        ):
-            await s.store.append(traj)
-            trajs.append(traj)
-            bar.update(reward=f"{traj.reward:.2f}")
+        if s.agent is not None:  # --agent: the same groups, played by the agent through the gateway
+            events = s.agent.run_groups(seeds=todo, group_size=cfg.group_size, meta=meta)
+        else:
+            assert s.make_env is not None
+            events = run_groups(
+                s.make_env, policy, s.renderer, cfg.rollout, seeds=todo, group_size=cfg.group_size, meta=meta
+            )
+        async for done in events:
+            await s.store.append(done.trajectory)  # on disk before anything else: kill -9 loses nothing
+            if done.group is not None:
+                groups.append(done.group)
+            bar.update(reward=f"{done.trajectory.reward:.2f}")
 
     rollout_task = asyncio.ensure_future(rollout())
     stop_task = asyncio.ensure_future(s.stop.wait())
@@ -468,9 +452,9 @@ async def _train_step(s: _Session, step: int) -> bool:
     t_rollout = time.perf_counter() - t_step
 
     t_learn = time.perf_counter()
-    usable = [t for t in trajs if not t.infra_failure]
-    row: dict[str, float] = episode_metrics(trajs)
-    row["episodes/reused"] = float(sum(len(g) for g in reused.values()))
+    usable = [u for g in groups if (u := g.usable()) is not None]
+    row: dict[str, float] = episode_metrics([t for g in groups for t in g])
+    row["episodes/reused"] = float(reused)
     if usable:
         update = await asyncio.to_thread(
             policy_update, learner, usable, estimator=cfg.estimator, pad_id=tokenizer_pad_id(s.renderer)

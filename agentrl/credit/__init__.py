@@ -1,6 +1,13 @@
 """Credit assignment: the Optimal Token Baseline, group baselines and variance diagnostics.
 
-Every estimator takes the same arguments, right-padded [B, T] tensors plus one group id per row::
+Every estimator takes the same arguments, right-padded [B, T] tensors plus one group id per row. The
+typed estimators (:mod:`agentrl.credit.estimators`, what the trainer is configured with) carry their
+options as fields::
+
+    adv_B_T = OTB(zero_tail=True).advantages(token_rewards_B_T, loss_mask_B_T, logprobs_B_T,
+                                             sum_pi_squared_B_T, group_ids)
+
+and sit on the pure functions below, also reachable by name::
 
     adv_B_T = compute_advantages("otb", token_rewards_B_T, loss_mask_B_T, logprobs_B_T,
                                  sum_pi_squared_B_T, group_ids, zero_tail=True)
@@ -13,7 +20,6 @@ Names: ``otb`` (OTB specification otb-spec.md §3.3), ``grpo`` (group mean, opti
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,14 +27,36 @@ import torch
 from agentrl.credit._common import GroupIds, returns_to_go, token_energy
 from agentrl.credit.baselines import grpo_advantages, no_baseline, opo_advantages, rloo_advantages
 from agentrl.credit.diagnostics import VarianceProxy, variance_proxy_metrics
+from agentrl.credit.estimators import (
+    ESTIMATOR_CONFIGS,
+    ESTIMATORS,
+    GRPO,
+    OPO,
+    OTB,
+    RLOO,
+    AdvantageEstimator,
+    Estimator,
+    NoBaseline,
+    estimator_config,
+    require_policy_stats,
+)
 from agentrl.credit.otb import optimal_token_baseline, sum_pi_squared
 from agentrl.errors import ConfigError
 
 __all__ = [
     "ESTIMATORS",
+    "ESTIMATOR_CONFIGS",
+    "GRPO",
+    "OPO",
+    "OTB",
+    "RLOO",
+    "AdvantageEstimator",
+    "Estimator",
     "GroupIds",
+    "NoBaseline",
     "VarianceProxy",
     "compute_advantages",
+    "estimator_config",
     "grpo_advantages",
     "no_baseline",
     "opo_advantages",
@@ -39,16 +67,6 @@ __all__ = [
     "token_energy",
     "variance_proxy_metrics",
 ]
-
-ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
-    "otb": optimal_token_baseline,
-    "grpo": grpo_advantages,
-    "rloo": rloo_advantages,
-    "opo": opo_advantages,
-    "none": no_baseline,
-}
-"""Advantage estimators by name; all share the signature of :func:`compute_advantages` (minus
-``name``)."""
 
 
 def compute_advantages(
@@ -73,9 +91,5 @@ def compute_advantages(
         raise ConfigError(
             f"estimator {name!r} does not take {sorted(unknown)}; its options are {sorted(allowed)}"
         )
-    if name == "otb" and (logprobs is None or sum_pi_squared is None):
-        raise ConfigError(
-            "the 'otb' estimator needs logprobs and sum_pi_squared from the trainer's forward pass "
-            "(Learner.score)"
-        )
+    require_policy_stats(name, logprobs, sum_pi_squared)
     return fn(token_rewards, loss_mask, logprobs, sum_pi_squared, group_ids, **options)

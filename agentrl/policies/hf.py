@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.errors import ConfigError, PolicyError
-from agentrl.protocols import FinishReason, Generation, Sampling
+from agentrl.protocols import FinishReason, Generation, Sampling, WeightUpdate
 
 __all__ = ["HFPolicy"]
 
@@ -115,6 +115,33 @@ class HFPolicy:
     def set_version(self, version: int) -> None:
         """Tell the policy its weights changed (the learner step that produced them)."""
         self._version = int(version)
+
+    async def load_weights(self, update: WeightUpdate) -> None:
+        """Take new weights (:class:`~agentrl.protocols.WeightSink`): tensors that already are this model's
+        own (a learner sharing the model object) cost nothing; others are copied in under :attr:`lock`, so a
+        running batch finishes with the weights it started with."""
+        update.check_after(self._version)
+        own = self.model.state_dict(keep_vars=True)
+        unknown = sorted(set(update.named_tensors) - set(own))
+        if unknown:
+            raise ConfigError(f"the update names tensors this model does not have: {unknown[:5]}")
+        copies = []
+        for name, src in update.named_tensors.items():
+            dst = own[name]
+            if tuple(src.shape) != tuple(dst.shape):
+                raise ConfigError(f"{name}: the update's shape {tuple(src.shape)} is not {tuple(dst.shape)}")
+            if src.data_ptr() != dst.data_ptr():
+                copies.append((dst, src))
+
+        def take() -> None:
+            import torch
+
+            with self.lock, torch.no_grad():
+                for dst, src in copies:
+                    dst.copy_(src)
+                self._version = update.version
+
+        await asyncio.to_thread(take)
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
         """Sample one turn; batched with every other call in flight."""

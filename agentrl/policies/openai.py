@@ -27,6 +27,10 @@ __all__ = ["OpenAIPolicy"]
 class OpenAIPolicy:
     """A policy served by an OpenAI-compatible completions endpoint (vLLM ``serve``, SGLang, ...).
 
+    Not a :class:`~agentrl.protocols.WeightSink`: the completions API has no route for weights. The server
+    takes new weights out of band (a restart from a checkpoint, or the engine's own update mechanism), after
+    which the caller reports the version with :meth:`set_version`; generations record it from then on.
+
     Args:
         base_url: Server URL including ``/v1`` (e.g. ``http://127.0.0.1:8000/v1``).
         model: Model name as the server knows it.
@@ -36,7 +40,7 @@ class OpenAIPolicy:
         timeout: Seconds per request.
         max_retries: Retries of the openai client on connection errors and 5xx.
         extra_body: More fields for every request (e.g. ``{"top_k": 20}``).
-        version: Initial weights version (the trainer calls :meth:`set_version` after pushing weights).
+        version: Initial weights version (call :meth:`set_version` once the server serves new weights).
         client: An ``openai.AsyncOpenAI`` to use instead of building one.
     """
 

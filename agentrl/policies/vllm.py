@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from agentrl.errors import ConfigError, PolicyError
-from agentrl.protocols import FinishReason, Generation, Sampling
+from agentrl.protocols import FinishReason, Generation, Sampling, WeightUpdate
 
 __all__ = ["VLLMPolicy"]
 
 
 class VLLMPolicy:
-    """An in-process ``vllm`` async engine behind the Policy protocol.
+    """An in-process ``vllm`` async engine behind the Policy protocol; the trainer pushes new weights with
+    :meth:`load_weights` (an :class:`~agentrl.protocols.UpdatablePolicy`).
 
     Args:
         model: A local model folder (e.g. :func:`agentrl.models.smollm2_dir`).
@@ -93,14 +94,17 @@ class VLLMPolicy:
             raise PolicyError("vLLM stopped without returning the stop token id")
         return Generation(tuple(ids), tuple(lps), finish, version)
 
-    async def load_weights(self, weights: Iterable[tuple[str, Any]], *, version: int | None = None) -> None:
-        """Push new weights (``(name, tensor)`` pairs, e.g. ``model.state_dict().items()``) into the
-        engine in memory, without writing to disk, then bump :attr:`version`.
+    async def load_weights(self, update: WeightUpdate) -> None:
+        """Push new weights into the engine in memory, without writing to disk, then take
+        ``update.version`` (:class:`~agentrl.protocols.WeightSink`).
 
-        Uses the engine's ``collective_rpc`` to call ``model.load_weights`` on every worker; needs a
-        vLLM whose workers run in-process or can receive pickled tensors.
+        Uses the engine's ``collective_rpc`` to call ``model.load_weights`` on every worker; needs a vLLM
+        whose workers run in-process or can receive pickled tensors. Requests running meanwhile are not
+        paused (the synchronous trainer publishes between rollouts); the prefix cache is reset so no cached
+        key/value of the old weights is reused.
         """
-        batch = list(weights)
+        update.check_after(self._version)
+        batch = list(update.named_tensors.items())
 
         def _load(worker: Any) -> None:
             worker.model_runner.model.load_weights(weights=batch)
@@ -111,5 +115,4 @@ class VLLMPolicy:
                 await self.engine.reset_prefix_cache()
         except Exception as e:
             raise PolicyError(f"loading weights into vLLM failed: {e!r}") from e
-        if version is not None:
-            self._version = int(version)
+        self._version = update.version

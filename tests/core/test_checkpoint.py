@@ -7,9 +7,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from agentrl.checkpoint import CheckpointState, latest_checkpoint, load_checkpoint, save_checkpoint
+from agentrl.checkpoint import CheckpointState, load_checkpoint, save_checkpoint
 from agentrl.errors import ConfigError, StoreError
 from agentrl.metrics import MetricsLogger, plot_run, read_metrics
+from agentrl.run import RunDir
 
 
 def tiny(seed):
@@ -45,12 +46,15 @@ def test_checkpoint_round_trip_and_rotation(tmp_path):
     save_checkpoint(tmp_path, model=model, optimizer=opt, state=CheckpointState(4, 4, {"pos": 40}))
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["step-000003", "step-000004"]
-    assert latest_checkpoint(tmp_path).name == "step-000004"
+    run = RunDir(tmp_path)
+    latest = run.latest_checkpoint()
+    assert latest is not None and latest.step == 4 and latest.path.name == "step-000004"
+    assert run.checkpoint_steps() == (3, 4)
 
     other = tiny(1)
     other_opt = torch.optim.AdamW(other.parameters(), lr=1e-2)
     random.seed(99)
-    state = load_checkpoint(latest_checkpoint(tmp_path), model=other, optimizer=other_opt)
+    state = load_checkpoint(latest, model=other, optimizer=other_opt)
     assert state == CheckpointState(4, 4, {"pos": 40})
     assert random.random() == expected_draw  # RNG restored to the moment of saving
     for a, b in zip(model.state_dict().values(), other.state_dict().values(), strict=True):
@@ -59,13 +63,13 @@ def test_checkpoint_round_trip_and_rotation(tmp_path):
 
 
 def test_checkpoint_errors(tmp_path):
-    assert latest_checkpoint(tmp_path) is None
+    assert RunDir(tmp_path).latest_checkpoint() is None
     with pytest.raises(StoreError, match="not a complete checkpoint"):
         load_checkpoint(tmp_path / "nope")
     with pytest.raises(ConfigError, match="keep"):
         save_checkpoint(tmp_path, model=tiny(0), optimizer=None, state=CheckpointState(0, 0, {}), keep=0)
     (tmp_path / "checkpoints" / ".tmp-step-000009-1").mkdir(parents=True)  # a kill mid-write
-    assert latest_checkpoint(tmp_path) is None
+    assert RunDir(tmp_path).latest_checkpoint() is None
 
 
 def test_metrics_log_truncate_and_plot(tmp_path):

@@ -3,7 +3,7 @@
 import argparse
 import dataclasses
 from enum import StrEnum
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pytest
 
@@ -98,3 +98,126 @@ def test_dict_round_trip_and_unknown_keys():
     with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['learner.lrr'\]"):
         config_from_dict(Outer, {"learner": {"lrr": 1}})
     assert field_docs(Outer)["learner"] == "Learner settings."
+
+
+# ---------------------------------------------------------------------------------------------------
+# Choices: a field typed as a union of self-naming dataclasses (how the advantage estimators are typed)
+@dataclasses.dataclass(frozen=True)
+class Mean:
+    """Group mean."""
+
+    name: ClassVar[str] = "mean"
+    eps: float = 1e-6
+    """Added to the std."""
+    scale: bool = True
+    """Divide by the std."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Leave:
+    """Leave one out."""
+
+    name: ClassVar[str] = "leave"
+    eps: float = 0.5
+    """Smoothing."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WithChoice:
+    baseline: Mean | Leave = dataclasses.field(default_factory=Leave)
+    """How the baseline is made."""
+    inner: Inner = dataclasses.field(default_factory=lambda: Inner(lr=0.5))
+    """Inner settings."""
+
+
+def parse_choice(argv, base=None):
+    p = argparse.ArgumentParser(exit_on_error=False)
+    add_config_arguments(p, WithChoice)
+    return config_from_args(WithChoice, p.parse_args(argv), base=base), p
+
+
+def test_choice_is_selected_by_name_and_configured_by_dotted_options():
+    assert parse_choice([])[0] == WithChoice()
+    assert parse_choice(["--baseline", "mean"])[0].baseline == Mean()
+    want = Mean(scale=False, eps=0.25)
+    assert (
+        parse_choice(["--baseline", "mean", "--baseline.scale", "false", "--baseline.eps", "0.25"])[
+            0
+        ].baseline
+        == want
+    )
+    # The order of the flags does not matter: an option given first applies to the member picked later.
+    assert (
+        parse_choice(["--baseline.eps", "0.25", "--no-baseline.scale", "--baseline", "mean"])[0].baseline
+        == want
+    )
+    # Without --baseline, options apply to the default member.
+    assert parse_choice(["--baseline.eps", "0.1"])[0].baseline == Leave(eps=0.1)
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--baseline", "median"], r"--baseline: cannot read 'median': expected one of \['mean', 'leave'\]"),
+        (
+            ["--baseline.scale", "false"],
+            r"--baseline.scale does not apply to --baseline leave \(its options: --baseline.eps\)",
+        ),
+        (["--baseline", "mean", "--baseline.eps", "x"], "--baseline.eps: cannot read 'x' as float"),
+    ],
+)
+def test_bad_choices_are_rejected_with_the_flag_named(argv, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_choice(argv)
+
+
+def test_choice_help_lists_members_and_each_option_per_member():
+    text = " ".join(parse_choice([])[1].format_help().split())
+    assert "{mean,leave} (default: 'leave')" in text
+    assert "--baseline NAME picks one: mean = Group mean; leave = Leave one out." in text
+    assert "mean: Added to the std. (default: 1e-06); leave: Smoothing. (default: 0.5)" in text
+    assert "--no-baseline.scale" in text
+
+
+def test_choice_overrides_start_from_the_base():
+    base = WithChoice(baseline=Mean(eps=0.2, scale=False))
+    assert parse_choice(["--baseline.eps", "0.3"], base)[0].baseline == Mean(eps=0.3, scale=False)
+    assert parse_choice(["--baseline", "mean"], base)[0].baseline == Mean(eps=0.2, scale=False)
+    # Another member starts from its own defaults, not from the old member's options.
+    assert parse_choice(["--baseline", "leave"], base)[0].baseline == Leave()
+
+
+def test_choice_dict_forms():
+    cfg = WithChoice(baseline=Mean(scale=False))
+    data = config_to_dict(cfg)
+    assert data["baseline"] == {"name": "mean", "eps": 1e-6, "scale": False}
+    assert config_from_dict(WithChoice, data) == cfg
+    assert config_from_dict(WithChoice, {"baseline": "mean"}).baseline == Mean()  # a bare name
+    assert config_from_dict(WithChoice, {"baseline": {"eps": 0.0}}).baseline == Leave(eps=0.0)
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) of leave \['baseline.scale'\]"):
+        config_from_dict(WithChoice, {"baseline": {"name": "leave", "scale": True}})
+    with pytest.raises(ConfigError, match="baseline: unknown name 'median'"):
+        config_from_dict(WithChoice, {"baseline": "median"})
+
+
+def test_partial_nested_settings_keep_the_enclosing_default():
+    # WithChoice's default inner has lr=0.5 (not Inner's 1e-5): setting another inner field keeps it.
+    assert parse_choice(["--inner.loss", "seq-mean"])[0].inner == Inner(lr=0.5, loss="seq-mean")
+    assert config_from_dict(WithChoice, {"inner": {"loss": "seq-mean"}}).inner.lr == 0.5
+
+
+def test_errors_of_nested_configs_name_where():
+    @dataclasses.dataclass(frozen=True)
+    class Strict:
+        n: int = 1
+
+        def __post_init__(self):
+            if self.n < 1:
+                raise ConfigError(f"n must be >= 1, got {self.n}")
+
+    @dataclasses.dataclass(frozen=True)
+    class Holder:
+        strict: Strict = dataclasses.field(default_factory=Strict)
+
+    with pytest.raises(ConfigError, match=r"^strict: n must be >= 1, got 0$"):
+        config_from_dict(Holder, {"strict": {"n": 0}})

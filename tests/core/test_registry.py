@@ -1,4 +1,7 @@
-"""register/make/list_envs, the Gymnasium bridge, and check_env on every registered environment."""
+"""register/make/list_envs, lazy plug-ins, the explicit Gymnasium bridge, and check_env's contract checks."""
+
+import subprocess
+import sys
 
 import gymnasium
 import pytest
@@ -9,12 +12,38 @@ from agentrl.errors import ConfigError, EnvContractError, EnvNotFoundError
 from agentrl.testing import EchoEnv
 
 
+@pytest.fixture
+def gym_bridge():
+    """Gymnasium's registry is written only on request."""
+    return agentrl.register_gymnasium()
+
+
 def test_builtin_envs_are_registered_through_the_entry_point():
     ids = agentrl.list_envs()
     assert {"guess-number-v0", "exact-answer-v0"} <= set(ids)
 
 
-def test_gymnasium_observations_are_in_the_text_space():
+def test_import_has_no_side_effects_and_registration_is_lazy_or_explicit():
+    """``import agentrl`` imports no plug-in and writes nothing into Gymnasium's registry; agentrl's own
+    registry loads plug-ins on first use; Gymnasium's is written by register_gymnasium() only."""
+    code = (
+        "import sys, gymnasium, agentrl\n"
+        "gym = lambda: sorted(k for k in gymnasium.registry if k.startswith('agentrl/'))\n"
+        "assert 'agentrl.envs' not in sys.modules and gym() == []\n"
+        "assert 'exact-answer-v0' in agentrl.list_envs() and 'agentrl.envs' in sys.modules\n"
+        "assert gym() == []\n"
+        "ids = agentrl.register_gymnasium()\n"
+        "assert 'agentrl/exact-answer-v0' in ids and gym() == ids, (ids, gym())\n"
+        "agentrl.register('late-echo-v0', 'agentrl.testing:EchoEnv')\n"
+        "assert 'agentrl/late-echo-v0' in gym()\n"
+        "print(gymnasium.make('agentrl/late-echo-v0').reset(seed=1)[0])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Repeat exactly" in out.stdout
+
+
+def test_gymnasium_observations_are_in_the_text_space(gym_bridge):
     # The catalogue (tests/envs/test_catalogue.py) runs both checkers over every registered id.
     env = gymnasium.make("agentrl/exact-answer-v0")
     obs, _ = env.reset(seed=3)
@@ -68,23 +97,17 @@ def test_make_errors_are_clear():
 
 async def test_guess_number_episode_semantics():
     env = agentrl.make("guess-number-v0", low=1, high=4, max_guesses=2)
-    obs, info = await env.reset(seed=0)
+    _, info = await env.reset(seed=0)
     target = info["target"]
     wrong = 1 if target != 1 else 2
-    obs, r, term, trunc, _ = await env.step(Action(str(wrong)))
-    assert (r, term, trunc) == (0.0, False, False) and (
-        "Higher" in obs[0].content or "Lower" in obs[0].content
-    )
-    obs, r, term, trunc, _ = await env.step(Action(str(wrong)))
-    assert (obs, r, term, trunc) == (
-        (),
-        0.0,
-        False,
-        True,
-    )  # out of guesses: truncated, not terminated
+    res = await env.step(Action(str(wrong)))
+    assert (res.reward, res.terminated, res.truncated) == (0.0, False, False)
+    assert "Higher" in res.observation[0].content or "Lower" in res.observation[0].content
+    res = await env.step(Action(str(wrong)))  # out of guesses: truncated by the game's rule
+    assert res.to_gymnasium() == ((), 0.0, False, True, {"guesses": 2})
     await env.reset(seed=0)
-    obs, r, term, trunc, _ = await env.step(Action(f"I guess {target}"))
-    assert (r, term, trunc) == (1.0, True, False)
+    res = await env.step(Action(f"I guess {target}"))
+    assert (res.reward, res.terminated, res.truncated) == (1.0, True, False)
 
 
 class _Broken(Env):
@@ -125,7 +148,7 @@ def test_check_env_catches_contract_breaks(mode, match):
         agentrl.check_env(_Broken(mode))
 
 
-def test_gymnasium_bridge_rejects_non_text_actions():
+def test_gymnasium_bridge_rejects_non_text_actions(gym_bridge):
     env = gymnasium.make("agentrl/exact-answer-v0").unwrapped
     env.reset(seed=1)
     with pytest.raises(ConfigError, match="as a str"):

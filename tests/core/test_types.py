@@ -1,12 +1,13 @@
 """Records: validation, OpenAI wire format, structural invariants of a trajectory."""
 
 import dataclasses
+import json
 
 import pytest
 
-from agentrl.errors import AuditError, ConfigError
-from agentrl.execution import ExecStatus, Limits
-from agentrl.types import Message, StopReason, ToolCall, Trajectory
+from agentrl.errors import AuditError, ConfigError, FormatError
+from agentrl.execution import ExecResult, ExecStatus, Limits
+from agentrl.types import Message, StopReason, ToolCall, ToolRecord, ToolStatus, Trajectory
 
 from .test_store import tool_trajectory
 
@@ -83,3 +84,41 @@ def test_trajectory_json_is_one_line():
     t = tool_trajectory()
     assert "\n" not in t.to_json()
     assert Trajectory.from_dict(t.to_dict()) == t
+
+
+@pytest.mark.parametrize("status", list(ToolStatus))
+def test_tool_statuses_round_trip_as_their_readable_strings(status):
+    rec = ToolRecord("c1", "python", "{}", "out", status, 0.5, 0)
+    d = rec.to_dict()
+    assert d["status"] == status.value and isinstance(d["status"], str)
+    assert ToolRecord.from_dict(json.loads(json.dumps(d))) == rec
+
+
+def test_status_strings_of_old_files_still_load_and_sandbox_runs_share_them():
+    old = ["ok", "error", "timeout", "oom", "output_limit", "killed", "parse_error", "unknown_tool"]
+    old += ["bad_arguments", "sandbox_error"]
+    assert [s.value for s in ToolStatus] == old  # what trajectories.jsonl has always stored
+    assert ExecStatus is ToolStatus  # one vocabulary; the old name still imports
+    runs = [s for s in ToolStatus if not s.is_call_error]
+    assert ExecResult(ToolStatus.TIMEOUT).status is ToolStatus.TIMEOUT and len(runs) == 7
+    with pytest.raises(FormatError, match="unknown tool status 'great'"):
+        ToolRecord.from_dict(
+            {**ToolRecord("c", "n", "{}", "", ToolStatus.OK, 0, 0).to_dict(), "status": "great"}
+        )
+
+
+@pytest.mark.parametrize(
+    "wire, match",
+    [
+        ({"content": "no role"}, "needs at least a role"),
+        ({"role": "robot", "content": "x"}, "role must be one of"),
+        ({"role": "user", "content": 3}, "content must be a str"),
+        ({"role": "assistant", "content": "", "tool_calls": [{"id": "c"}]}, "function.name/arguments"),
+        ({"role": "assistant", "content": "", "tool_calls": "call"}, "must be a list"),
+        ("not a dict", "needs at least a role"),
+    ],
+)
+def test_bad_wire_messages_raise_the_format_error(wire, match):
+    with pytest.raises(FormatError, match=match) as info:
+        Message.from_dict(wire)
+    assert isinstance(info.value, ValueError) and not isinstance(info.value, ConfigError)

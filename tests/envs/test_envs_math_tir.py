@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 
 import agentrl
-from agentrl import INFO_TOOL_RECORDS, Action, Message, ToolStatus
+from agentrl import Action, Message, ToolStatus
 from agentrl.envs import math_problems
 from agentrl.envs.math_tir import INSTRUCTION, MathTIREnv
 from agentrl.errors import ConfigError
@@ -115,9 +115,9 @@ def test_every_kind_and_level_generates_exact_checkable_answers(kind, difficulty
 # -- checking answers --------------------------------------------------------------------------------
 async def answer(env: MathTIREnv, text: str, seed: int = 11, **options) -> float:
     await env.reset(seed=seed, options=options or None)
-    _, reward, terminated, truncated, _ = await env.step(Action(text))
-    assert terminated and not truncated
-    return reward
+    res = await env.step(Action(text))
+    assert res.terminated and not res.truncated
+    return res.reward
 
 
 async def test_right_answers_are_accepted_in_several_formats():
@@ -169,16 +169,14 @@ async def play(env: MathTIREnv, seed: int) -> tuple[list[Message], float, list]:
     expression = obs[-1].content.split("\n")[0].removeprefix("What is ").removesuffix("?")
     seen: list[Message] = []
     records: list = []
-    obs, reward, terminated, truncated, step_info = await env.step(
-        Action(f"Let me compute it.\n```python\nresult = {expression}\nprint(result)\n```")
-    )
-    assert not (terminated or truncated)
-    seen += obs
-    records += step_info[INFO_TOOL_RECORDS]
-    printed = obs[0].content.removeprefix("```output\n").removesuffix("\n```")
-    obs, reward, terminated, truncated, step_info = await env.step(Action(f"Answer: {printed}"))
-    assert terminated and not truncated
-    return seen, reward, records
+    res = await env.step(Action(f"Let me compute it.\n```python\nresult = {expression}\nprint(result)\n```"))
+    assert not (res.terminated or res.truncated)
+    seen += res.observation
+    records += res.tool_calls
+    printed = res.observation[0].content.removeprefix("```output\n").removesuffix("\n```")
+    res = await env.step(Action(f"Answer: {printed}"))
+    assert res.terminated and not res.truncated
+    return seen, res.reward, records
 
 
 async def test_scripted_episode_with_the_real_sandbox_gets_reward_one(local_sandbox_cls):
@@ -193,38 +191,31 @@ async def test_scripted_episode_with_the_real_sandbox_gets_reward_one(local_sand
 async def test_python_state_persists_within_an_episode_and_is_fresh_per_episode(local_sandbox_cls):
     env = MathTIREnv()
     await env.reset(seed=1)
-    obs, *_ = await env.step(Action("```python\nmemo = 123\n```"))
-    obs, *_ = await env.step(Action("```python\nprint(memo * 2)\n```"))
-    assert obs[0].content == "```output\n246\n```"
+    await env.step(Action("```python\nmemo = 123\n```"))
+    res = await env.step(Action("```python\nprint(memo * 2)\n```"))
+    assert res.observation[0].content == "```output\n246\n```"
     await env.reset(seed=2)
-    obs, *_, info = await env.step(Action("```python\nprint(memo)\n```"))
-    assert "NameError" in obs[0].content and info[INFO_TOOL_RECORDS][0].status is ToolStatus.ERROR
+    res = await env.step(Action("```python\nprint(memo)\n```"))
+    assert "NameError" in res.observation[0].content and res.tool_calls[0].status is ToolStatus.ERROR
     await env.close()
 
 
 async def test_code_errors_are_shown_and_the_model_can_recover():
     env = fake_env()
     _, info = await env.reset(seed=3, options={"kinds": ["arithmetic"]})
-    obs, _, terminated, _, step_info = await env.step(Action("```python\nprint(undefined_name)\n```"))
-    assert not terminated and "NameError" in obs[0].content
-    assert step_info[INFO_TOOL_RECORDS][0].status is ToolStatus.ERROR
-    _, reward, terminated, _, _ = await env.step(Action(f"Answer: {info['answer']}"))
-    assert terminated and reward == 1.0
+    res = await env.step(Action("```python\nprint(undefined_name)\n```"))
+    assert not res.terminated and "NameError" in res.observation[0].content
+    assert res.tool_calls[0].status is ToolStatus.ERROR
+    res = await env.step(Action(f"Answer: {info['answer']}"))
+    assert res.terminated and res.reward == 1.0
 
 
 async def test_long_output_is_capped_for_the_model():
     env = fake_env(max_output_chars=300)
     await env.reset(seed=3)
-    obs, *_ = await env.step(Action("```python\nfor i in range(10_000):\n    print(i)\n```"))
-    text = obs[0].content
+    res = await env.step(Action("```python\nfor i in range(10_000):\n    print(i)\n```"))
+    text = res.observation[0].content
     assert len(text) < 400 and "characters cut" in text and text.endswith("9999\n```")
-
-
-async def test_running_out_of_turns_truncates():
-    env = fake_env(max_turns=2)
-    await env.reset(seed=3)
-    assert (await env.step(Action("```python\nx = 1\n```")))[2:4] == (False, False)
-    assert (await env.step(Action("```python\nprint(x)\n```")))[2:4] == (False, True)
 
 
 async def test_episodes_can_borrow_sessions_from_a_sandbox_pool(local_sandbox_cls):
@@ -234,10 +225,10 @@ async def test_episodes_can_borrow_sessions_from_a_sandbox_pool(local_sandbox_cl
         env = MathTIREnv(sandbox_pool=pool)
         await env.reset(seed=1)
         await env.step(Action("```python\nmemo = 7\n```"))
-        obs, *_ = await env.step(Action("```python\nprint(memo)\n```"))
+        obs = (await env.step(Action("```python\nprint(memo)\n```"))).observation
         assert obs[0].content == "```output\n7\n```"
         await env.reset(seed=2)  # gives the session back; the pool resets it
-        obs, *_ = await env.step(Action("```python\nprint(memo)\n```"))
+        obs = (await env.step(Action("```python\nprint(memo)\n```"))).observation
         assert "NameError" in obs[0].content
         await env.close()
         assert pool.stats.live == 1 and pool.stats.in_use == 0

@@ -1,4 +1,4 @@
-"""collate: Trajectory → TokenBatch."""
+"""collate: TrajectoryGroups → TokenBatch."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import torch
 
 from agentrl.batch import TokenBatch, collate
 from agentrl.errors import AuditError, ConfigError
+from agentrl.groups import group_trajectories
 from agentrl.types import (
     EpisodeFailure,
     Message,
@@ -52,7 +53,7 @@ def test_collate_layout():
     b = traj([(P, [1]), (M, [2, 3])], reward=-1.0, group="g1")
     for t in (a, b):
         t.validate()
-    batch = collate([a, b], pad_id=0)
+    batch = collate(list(group_trajectories([a, b])), pad_id=0)
     assert isinstance(batch, TokenBatch)
     assert batch.input_ids_B_T.tolist() == [[5, 6, 7, 8, 9, 10, 11, 12], [1, 2, 3, 0, 0, 0, 0, 0]]
     assert batch.attention_mask_B_T.tolist() == [[1] * 8, [1, 1, 1, 0, 0, 0, 0, 0]]
@@ -74,15 +75,15 @@ def test_infra_failures_are_refused():
     ok = traj([(P, [1]), (M, [2])])
     bad = traj([(P, [1]), (M, [2])], stop=StopReason.SANDBOX_ERROR, eid="boom")
     with pytest.raises(ConfigError, match=r"infra failure.*boom"):
-        collate([ok, bad], pad_id=0)
+        collate(list(group_trajectories([ok, bad])), pad_id=0)
     bad2 = traj([(P, [1]), (M, [2])], errors=[EpisodeFailure("PolicyError", "down", 0, True)], eid="x")
     with pytest.raises(ConfigError, match="infra"):
-        collate([bad2], pad_id=0)
+        collate(list(group_trajectories([bad2])), pad_id=0)
 
 
 def test_broken_trajectories():
     with pytest.raises(ConfigError):
-        collate([], pad_id=0)
+        collate(list(group_trajectories([])), pad_id=0)
     t = traj([(P, [1]), (M, [2])])
     broken = Trajectory(
         token_ids=t.token_ids,
@@ -92,13 +93,13 @@ def test_broken_trajectories():
         messages=t.messages,
     )
     with pytest.raises(AuditError, match="log-prob"):
-        collate([broken], pad_id=0)
+        collate(list(group_trajectories([broken])), pad_id=0)
     short = Trajectory(token_ids=(1, 2, 3), loss_mask=(0, 1), logprobs=(None, -1.0), segments=(), messages=())
     with pytest.raises(AuditError):
-        collate([short], pad_id=0)
+        collate(list(group_trajectories([short])), pad_id=0)
 
 
 def test_no_model_tokens_keeps_no_reward():
     t = traj([(P, [1, 2])], reward=5.0)
-    batch = collate([t], pad_id=0)
+    batch = collate(list(group_trajectories([t])), pad_id=0)
     assert batch.token_rewards_B_T.abs().sum() == 0

@@ -253,6 +253,7 @@ def test_config_and_input_validation():
 def test_end_to_end_collate_score_otb_step():
     from agentrl.batch import collate
     from agentrl.credit import compute_advantages, variance_proxy_metrics
+    from agentrl.groups import group_trajectories
     from agentrl.types import Segment, TokenSource, Trajectory, TrajectoryMeta
 
     def traj(prompt, turns, reward, group):
@@ -288,7 +289,7 @@ def test_end_to_end_collate_score_otb_step():
     ]
     for t in trajs:
         t.validate()
-    batch = collate(trajs, pad_id=0)
+    batch = collate(list(group_trajectories(trajs)), pad_id=0)
     model = tiny_llama(seed=6)
     learner = Learner(model, LearnerConfig(micro_batch_tokens=24, lr=1e-3))
     lp, sp = learner.score(batch)

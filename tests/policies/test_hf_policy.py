@@ -27,9 +27,7 @@ async def test_recorded_logprobs_match_one_forward_pass(model, tok, renderer, te
     """The issue's acceptance check: re-scoring a recorded multi-turn trajectory with one forward pass
     gives the sampler's log-probs within 1e-4 (fp32, CPU) on every sampled token."""
     policy = HFPolicy(model, tok, stop_token_ids=renderer.stop_token_ids, seed=1)
-    cfg = RolloutConfig(
-        max_turns=3, sampling=Sampling(max_new_tokens=24, temperature=temperature), audit=True
-    )
+    cfg = RolloutConfig(max_turns=3, max_new_tokens=24, temperature=temperature, audit=True)
     trajs = await run_group("guess-number-v0", policy, renderer, cfg, group_size=3, seed=4)
     checked = 0
     for traj in trajs:
@@ -45,7 +43,7 @@ async def test_recorded_logprobs_match_one_forward_pass(model, tok, renderer, te
 
 async def test_concurrent_episodes_share_batches(model, tok, renderer):
     policy = HFPolicy(model, tok, stop_token_ids=renderer.stop_token_ids, seed=0, max_batch_size=8)
-    cfg = RolloutConfig(max_turns=2, sampling=Sampling(max_new_tokens=8), audit=True)
+    cfg = RolloutConfig(max_turns=2, max_new_tokens=8, audit=True)
     trajs = await run_group("guess-number-v0", policy, renderer, cfg, group_size=6, seed=2)
     assert len(trajs) == 6 and not any(t.infra_failure for t in trajs)
     assert policy.batch_sizes[0] == 6  # the first turns of all six episodes ran as one batch
@@ -151,7 +149,7 @@ async def test_qwen2_architecture(tok, renderer):
 
 async def test_truncated_turn_keeps_its_logprobs(model, tok, renderer):
     policy = HFPolicy(tiny_model(tok, seed=5), tok, stop_token_ids=renderer.stop_token_ids, seed=0)
-    cfg = RolloutConfig(sampling=Sampling(max_new_tokens=5), audit=True)
+    cfg = RolloutConfig(max_new_tokens=5, audit=True)
     traj = await run_episode(agentrl.make("exact-answer-v0"), policy, renderer, cfg, seed=0)
     assert traj.stop_reason.value == "turn_tokens" and traj.num_model_tokens == 5
     seg = next(s for s in traj.segments if s.source is TokenSource.MODEL)

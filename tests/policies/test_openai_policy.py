@@ -106,7 +106,7 @@ def _policy(server, tok, renderer, **kw):
 async def test_episodes_through_the_server_are_token_faithful(server, model, tok, renderer):
     policy = _policy(server, tok, renderer)
     assert isinstance(policy, Policy)
-    cfg = RolloutConfig(max_turns=3, sampling=Sampling(max_new_tokens=16, temperature=0.8), audit=True)
+    cfg = RolloutConfig(max_turns=3, max_new_tokens=16, temperature=0.8, audit=True)
     trajs = await run_group("guess-number-v0", policy, renderer, cfg, group_size=2, seed=3)
     for traj in trajs:
         assert not traj.infra_failure
@@ -143,7 +143,7 @@ async def test_server_faults_are_policy_errors(server, tok, renderer, mode, mess
     policy = _policy(server, tok, renderer)
     with pytest.raises(PolicyError, match=message):
         await policy.generate(renderer.encode("hi"), Sampling(max_new_tokens=4))
-    cfg = RolloutConfig(sampling=Sampling(max_new_tokens=4), audit=True)
+    cfg = RolloutConfig(max_new_tokens=4, audit=True)
     traj = (await run_group("exact-answer-v0", policy, renderer, cfg, group_size=1, seed=0))[0]
     assert traj.stop_reason is StopReason.POLICY_ERROR and traj.infra_failure
 

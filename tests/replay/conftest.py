@@ -63,4 +63,3 @@ def tiny_run(replay_runs: dict[str, Path]) -> Path:
 @pytest.fixture(scope="session")
 def scripted_run(replay_runs: dict[str, Path]) -> Path:
     return replay_runs["scripted"]
-

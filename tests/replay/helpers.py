@@ -8,6 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentrl.replay import Run
+from agentrl.types import Segment, TokenSource, ToolStatus, Trajectory
+
 
 def copy_run(
     src: Path,
@@ -40,3 +43,24 @@ def copy_run(
                 (dst / "checkpoints").mkdir(exist_ok=True)
                 (dst / "checkpoints" / ck.name).symlink_to(ck, target_is_directory=True)
     return dst
+
+
+def first_model_segment(t: Trajectory) -> Segment:
+    """The first turn the model sampled."""
+    return next(s for s in t.segments if s.source is TokenSource.MODEL)
+
+
+def with_tool_error(run: Run) -> int:
+    """Position of the first trajectory with a failed tool call."""
+    return next(
+        i for i, t in enumerate(run.trajectories) if any(c.status is ToolStatus.ERROR for c in t.tool_calls)
+    )
+
+
+def with_ok_tool(run: Run) -> int:
+    """Position of the first trajectory that used the tool and won."""
+    return next(
+        i
+        for i, t in enumerate(run.trajectories)
+        if any(c.status is ToolStatus.OK for c in t.tool_calls) and t.reward == 1.0
+    )

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl.protocols import FinishReason, Generation, Sampling
+from agentrl.protocols import FinishReason, Generation, Sampling, WeightUpdate
 
 PLANS = 4
 
@@ -43,6 +43,11 @@ class ScriptedTIR:
 
     def set_version(self, version: int) -> None:
         self._version = version
+
+    async def load_weights(self, update: WeightUpdate) -> None:
+        """Like HFPolicy sharing the learner's model: nothing to copy, take the version."""
+        update.check_after(self._version)
+        self._version = update.version
 
     def _turn(self, prompt: str) -> str:
         question = re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", prompt, re.S)[-1]
@@ -76,6 +81,7 @@ class ScriptedTIR:
 
 def main(out: str) -> int:
     from agentrl.learner import LearnerConfig
+    from agentrl.rollout import RolloutConfig
     from agentrl.trainers import pg
 
     pg.HFPolicy = ScriptedTIR  # type: ignore[misc,assignment]
@@ -88,7 +94,7 @@ def main(out: str) -> int:
         groups_per_step=2,
         steps=2,
         out=out,
-        rollout=pg.RolloutSettings(max_turns=3, max_new_tokens=48, concurrency=8),
+        rollout=RolloutConfig(max_turns=3, max_new_tokens=48, concurrency=8, on_template_mismatch="stop"),
         learner=LearnerConfig(lr=1e-3, micro_batch_tokens=4096),
         progress=False,
     )

@@ -14,7 +14,8 @@ import pytest
 
 from agentrl import replay
 from agentrl.errors import ConfigError
-from agentrl.replay_html import render_page
+from agentrl.replay.page import render_page
+from agentrl.trainers import replay as rerun
 
 from .cdp import Browser, find_chromium
 from .helpers import copy_run
@@ -93,8 +94,8 @@ def test_viewer_in_headless_chromium(chromium: str, scripted_run: Path, tok: Any
     run = replay.load(copy_run(scripted_run, tmp_path / "run", edit=inject))
     adv: dict[int, Any] = {}
     for step in (0, 1):
-        adv.update(replay.step_advantages(run, step, tokenizer=tok))
-    rec = replay.recompute_run(run, tokenizer=tok)
+        adv.update(rerun.step_advantages(run, step, tokenizer=tok))
+    rec = rerun.recompute_run(run, tokenizer=tok)
     page = replay.write_html(run, tmp_path / "run.html", tokenizer=tok, advantages=adv, recomputed=rec)
 
     k = next(

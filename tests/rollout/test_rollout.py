@@ -11,11 +11,11 @@ import re
 import pytest
 
 import agentrl
-from agentrl import INFO_ASSISTANT_MESSAGE, INFO_TOOL_RECORDS, Env, JsonlStore, Message
+from agentrl import Env, JsonlStore, Message, StepResult, TrajectoryGroup
 from agentrl.audit import audit_trajectory
 from agentrl.errors import AuditError, ConfigError, PolicyError, SandboxError, TemplateError
-from agentrl.protocols import FinishReason, Generation, Sampling
-from agentrl.rollout import RolloutConfig, collect, run_episode, run_group, run_groups, summarize
+from agentrl.protocols import FinishReason, Generation
+from agentrl.rollout import EpisodeDone, RolloutConfig, collect, run_episode, run_group, run_groups
 from agentrl.testing import EchoEnv, MemoryStore, ScriptedPolicy
 from agentrl.types import (
     Segment,
@@ -28,7 +28,7 @@ from agentrl.types import (
 )
 
 IM_END, IM_START, NL = 2, 1, 198
-CFG = RolloutConfig(max_turns=4, sampling=Sampling(max_new_tokens=64), audit=True)
+CFG = RolloutConfig(max_turns=4, max_new_tokens=64, audit=True)
 
 
 def turn(renderer, text: str, stop: bool = True) -> list[int]:
@@ -119,8 +119,7 @@ class ToolCallEnv(Env):
         )
         obs = tuple(Message("tool", "5", tool_call_id=c.id, name=c.name) for c in msg.tool_calls)
         done = self.n >= self.turns
-        info = {INFO_ASSISTANT_MESSAGE: msg, INFO_TOOL_RECORDS: records}
-        return (() if done else obs), float(done), done, False, info
+        return StepResult(() if done else obs, float(done), done, assistant_message=msg, tool_calls=records)
 
 
 CALL_TEXT = 'Let me add.\n<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
@@ -256,7 +255,7 @@ async def test_pitfall_6_length_accounting_and_truncation(renderer):
         [renderer.encode("one two three four five six seven eight nine ten")],
         stop_ids=renderer.stop_token_ids,
     )
-    cfg = dataclasses.replace(CFG, sampling=Sampling(max_new_tokens=4))
+    cfg = dataclasses.replace(CFG, max_new_tokens=4)
     traj = await run_episode(Counting(), long, renderer, cfg, seed=0)
     assert traj.truncated and not traj.terminated and traj.stop_reason is StopReason.TURN_TOKENS
     assert Counting.steps == 0 and traj.rewards == ()
@@ -289,8 +288,8 @@ async def test_pitfall_7_one_parser_for_eval_and_train(renderer):
     """§15.7: the rollout has no tool-call parser; train and eval both record what the env's own parser
     produced (the same parser object), so they cannot drift apart."""
     env = ToolCallEnv(turns=1)
-    train = dataclasses.replace(CFG, sampling=Sampling(max_new_tokens=64, temperature=1.0))
-    evaluation = dataclasses.replace(CFG, sampling=Sampling(max_new_tokens=64, temperature=0.1))
+    train = dataclasses.replace(CFG, temperature=1.0)
+    evaluation = dataclasses.replace(CFG, temperature=0.1)
     recorded = []
     for cfg in (train, evaluation):
         traj = await run_episode(
@@ -299,9 +298,11 @@ async def test_pitfall_7_one_parser_for_eval_and_train(renderer):
         recorded.append(traj.messages[1])
     assert recorded[0] is env.parsed[0] and recorded[1] is env.parsed[1]
     assert recorded[0] == recorded[1]
-    import agentrl.rollout as rollout_module
+    import agentrl.episode
+    import agentrl.rollout
 
-    assert not any("tool_call" in name.lower() or "parse" in name.lower() for name in vars(rollout_module))
+    for module in (agentrl.episode, agentrl.rollout):
+        assert not any("tool_call" in name.lower() or "parse" in name.lower() for name in vars(module))
 
 
 async def test_pitfall_8_mask_logprob_alignment_after_edits(renderer):
@@ -367,8 +368,10 @@ class BrokenEnv(Env):
             return "not a tuple"
         if self.where == "sandbox-record":
             rec = ToolRecord("c0", "python", "{}", "", ToolStatus.SANDBOX_ERROR, 0.1, 0, detail="bwrap died")
-            return (Message("tool", "error"),), 0.0, False, False, {INFO_TOOL_RECORDS: (rec,)}
-        return (Message("user", "again"),), 0.0, False, False, {}
+            return StepResult((Message("tool", "error"),), tool_calls=(rec,))
+        if self.where == "gymnasium-tuple":  # the 5-tuple is read as a StepResult without records
+            return (Message("user", "again"),), 0.0, False, False, {"mine": 1}
+        return StepResult((Message("user", "again"),))
 
 
 @pytest.mark.parametrize(
@@ -409,11 +412,15 @@ async def test_policy_error_is_recorded(renderer):
 
 
 async def test_turn_and_env_limits(renderer):
-    traj = await run_episode(
-        BrokenEnv("none"), scripted(renderer, "a"), renderer, dataclasses.replace(CFG, max_turns=3), seed=0
-    )
-    assert traj.stop_reason is StopReason.MAX_TURNS and traj.truncated and traj.num_turns == 3
-    assert traj.rewards == (0.0, 0.0, 0.0)
+    """The rollout owns the turn limit (max_turns); an env's own rule is env_truncated."""
+    for kind in ("none", "gymnasium-tuple"):
+        traj = await run_episode(
+            BrokenEnv(kind), scripted(renderer, "a"), renderer, dataclasses.replace(CFG, max_turns=3), seed=0
+        )
+        assert traj.stop_reason is StopReason.MAX_TURNS and traj.truncated and traj.num_turns == 3
+        assert traj.rewards == (0.0, 0.0, 0.0) and not traj.infra_failure
+        assert traj.messages[1] == Message("assistant", "a")  # no parsed message: the turn's plain text
+        audit_trajectory(traj, renderer)
     # guess-number truncates itself after max_guesses
     env = agentrl.make("guess-number-v0", max_guesses=2)
     traj = await run_episode(env, scripted(renderer, "1000"), renderer, CFG, seed=0)
@@ -428,7 +435,7 @@ async def test_per_turn_sampling_seeds_are_derived(renderer):
             seen.append(sampling.seed)
             return await super().generate(prompt_ids, sampling)
 
-    cfg = dataclasses.replace(CFG, sampling=Sampling(max_new_tokens=8, seed=7))
+    cfg = dataclasses.replace(CFG, max_new_tokens=8, seed=7)
     await run_group(
         lambda: BrokenEnv("none"),
         Spy([turn(renderer, "a")], stop_ids=renderer.stop_token_ids),
@@ -444,7 +451,8 @@ async def test_per_turn_sampling_seeds_are_derived(renderer):
 async def test_group_shares_task_and_group_id(renderer):
     policy = scripted(renderer, "50", "25", "75")
     group = await run_group("guess-number-v0", policy, renderer, CFG, group_size=3, seed=11)
-    assert len(group) == 3
+    assert isinstance(group, TrajectoryGroup) and len(group) == 3
+    assert group.task_id == "guess-number-v0:11" and group.group_id == group[0].meta.group_id
     assert len({t.meta.group_id for t in group}) == 1 and group[0].meta.group_id
     assert {t.meta.task_id for t in group} == {"guess-number-v0:11"}
     assert len({t.meta.episode_id for t in group}) == 3
@@ -468,7 +476,8 @@ async def test_run_groups_bounded_concurrency_and_streaming(renderer):
     policy = Slow([turn(renderer, "50")], stop_ids=renderer.stop_token_ids)
     cfg = dataclasses.replace(CFG, concurrency=3, max_turns=2)
     got = [
-        t async for t in run_groups("guess-number-v0", policy, renderer, cfg, seeds=range(5), group_size=2)
+        d.trajectory
+        async for d in run_groups("guess-number-v0", policy, renderer, cfg, seeds=range(5), group_size=2)
     ]
     assert len(got) == 10 and peak <= 3 and peak >= 2
     groups = {}
@@ -478,15 +487,22 @@ async def test_run_groups_bounded_concurrency_and_streaming(renderer):
     assert sorted({t.meta.seed for t in got}) == list(range(5))
 
 
-async def test_iter_groups_yields_whole_groups(renderer):
-    from agentrl.rollout import iter_groups
-
+async def test_run_groups_reports_every_episode_and_each_group_once(renderer):
+    """One stream, both granularities: an event per finished episode; the one that completes its group
+    carries the group, whose members are exactly the group's earlier events, in finishing order."""
     policy = scripted(renderer, "50")
-    groups = [
-        g async for g in iter_groups("exact-answer-v0", policy, renderer, CFG, seeds=[1, 2, 3], group_size=2)
+    events = [
+        d async for d in run_groups("exact-answer-v0", policy, renderer, CFG, seeds=[1, 2, 3], group_size=2)
     ]
+    assert len(events) == 6 and all(isinstance(d, EpisodeDone) for d in events)
+    groups = [d.group for d in events if d.group is not None]
     assert sorted(g[0].meta.seed for g in groups) == [1, 2, 3]
-    assert all(len(g) == 2 and g[0].meta.group_id == g[1].meta.group_id for g in groups)
+    for k, d in enumerate(events):
+        if d.group is None:
+            continue
+        assert d.group[-1] is d.trajectory  # the episode that completed it
+        earlier = [e.trajectory for e in events[: k + 1] if e.trajectory.meta.group_id == d.group.group_id]
+        assert list(d.group) == earlier
 
 
 async def test_run_groups_surfaces_template_errors(tok):
@@ -501,7 +517,7 @@ async def test_run_groups_surfaces_template_errors(tok):
 
 async def test_collect_writes_audited_trajectories(renderer, tmp_path):
     store = JsonlStore(tmp_path / "rollouts.jsonl")
-    trajs = await collect(
+    groups = await collect(
         "exact-answer-v0",
         scripted(renderer, "Answer: 7"),
         renderer,
@@ -511,7 +527,8 @@ async def test_collect_writes_audited_trajectories(renderer, tmp_path):
         config=CFG,
         seed=10,
     )
-    assert len(trajs) == 6
+    assert [len(g) for g in groups] == [2, 2, 2]
+    trajs = [t for g in groups for t in g]
     back = list(store.read())
     assert sorted(t.meta.episode_id for t in back) == sorted(t.meta.episode_id for t in trajs)
     for t in back:
@@ -521,9 +538,11 @@ async def test_collect_writes_audited_trajectories(renderer, tmp_path):
     await collect(
         EchoEnv, scripted(renderer, "apple"), renderer, n_groups=1, group_size=2, store=mem, config=CFG
     )
-    assert len(mem.trajectories) == 2
-    s = summarize(trajs)
-    assert s["episodes"] == 6 and s["infra_failures"] == 0
+    assert len(mem.trajectories) == 2 and [len(g) for g in mem.read_groups(size=2)] == [2]
+    # The store streams the same groups back, member for member.
+    assert [[t.meta.episode_id for t in g] for g in store.read_groups(size=2)] == [
+        [t.meta.episode_id for t in g] for g in groups
+    ]
 
 
 @pytest.mark.parametrize(
@@ -533,7 +552,10 @@ async def test_collect_writes_audited_trajectories(renderer, tmp_path):
         (dict(max_total_tokens=-1), "max_total_tokens"),
         (dict(concurrency=True), "concurrency"),
         (dict(on_template_mismatch="branch"), "on_template_mismatch"),
-        (dict(sampling={"max_new_tokens": 3}), "Sampling"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(temperature=0.0), "temperature"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(seed="7"), "seed"),
         (dict(audit="yes"), "audit"),
     ],
 )

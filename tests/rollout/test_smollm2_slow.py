@@ -7,7 +7,6 @@ import pytest
 from agentrl.audit import audit_trajectory, recompute_logprobs
 from agentrl.models import load_model, smollm2_dir
 from agentrl.policies import HFPolicy
-from agentrl.protocols import Sampling
 from agentrl.rollout import RolloutConfig, collect
 from agentrl.testing import MemoryStore
 
@@ -16,9 +15,9 @@ from agentrl.testing import MemoryStore
 async def test_smollm2_group_on_exact_answer(tok, renderer):
     model = load_model(smollm2_dir(), "float32", "cpu")
     policy = HFPolicy(model, tok, stop_token_ids=renderer.stop_token_ids, seed=0)
-    cfg = RolloutConfig(sampling=Sampling(max_new_tokens=24, temperature=0.7), audit=True)
+    cfg = RolloutConfig(max_new_tokens=24, temperature=0.7, audit=True)
     store = MemoryStore()
-    trajs = await collect(
+    (trajs,) = await collect(
         "exact-answer-v0", policy, renderer, n_groups=1, group_size=4, store=store, config=cfg, seed=0
     )
     assert len(trajs) == 4 and len(store.trajectories) == 4

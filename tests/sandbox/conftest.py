@@ -22,6 +22,8 @@ from agentrl.execution import Limits
 from agentrl.sandbox import LocalSandbox
 from agentrl.sandbox.local import find_bwrap
 
+from .e2b_server import LocalE2BServer
+
 MiB = 1024 * 1024
 
 requires_bwrap = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap (bwrap) is not installed")
@@ -164,8 +166,6 @@ async def e2b_server() -> AsyncIterator[Any]:
     if find_bwrap() is None:
         pytest.skip("the local e2b server runs code in LocalSandbox, which needs bubblewrap")
     pytest.importorskip("e2b_code_interpreter")
-    from agentrl.sandbox.e2b_server import LocalE2BServer
-
     async with LocalE2BServer(limits=Limits(wall_s=30.0, memory_bytes=256 * MiB)) as server:
         yield server
 

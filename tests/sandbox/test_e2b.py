@@ -11,9 +11,11 @@ import time
 import pytest
 
 from agentrl.errors import SandboxError
-from agentrl.execution import ExecStatus, Limits
+from agentrl.execution import Limits
+from agentrl.types import ToolStatus
 
 from .conftest import SMALL
+from .e2b_server import LocalE2BServer
 
 pytest.importorskip("e2b_code_interpreter")
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -34,7 +36,7 @@ async def test_unreachable_e2b_is_an_infra_error():
             pass
     sb = E2BSandbox(SMALL, debug=True, sandbox_url=url, request_timeout=2)
     r = await sb.run("1")
-    assert r.status is ExecStatus.SANDBOX_ERROR and r.status.is_infra
+    assert r.status is ToolStatus.SANDBOX_ERROR and r.status.is_infra
     await sb.close()
 
 
@@ -45,28 +47,26 @@ async def test_sandbox_deleted_mid_call_is_an_infra_error(e2b_server):
         t = time.monotonic()
         await e2b_server.kill_all()
         r = await task
-        assert r.status is ExecStatus.SANDBOX_ERROR, r
+        assert r.status is ToolStatus.SANDBOX_ERROR, r
         assert time.monotonic() - t < 5
 
 
 async def test_output_flood_is_stopped_by_the_server_sandbox(e2b_server):
     async with E2BSandbox(SMALL, debug=True, sandbox_url=e2b_server.url) as sb:
         r = await sb.run("while True: print('A' * 1000)")
-        assert r.status is ExecStatus.OUTPUT_LIMIT and r.truncated and r.state_lost
+        assert r.status is ToolStatus.OUTPUT_LIMIT and r.truncated and r.state_lost
         assert len(r.stdout) <= SMALL.output_bytes + 200
         assert (await sb.run("1 + 1")).stdout == "2\n"
 
 
 async def test_uncapped_e2b_output_is_capped_client_side():
-    from agentrl.sandbox.e2b_server import LocalE2BServer
-
     # A server that returns 4 MiB in one message, as real e2b (which has no output cap) would.
     async with (
         LocalE2BServer(limits=Limits(output_bytes=8 << 20)) as server,
         E2BSandbox(SMALL, debug=True, sandbox_url=server.url, output_hard_cap=1 << 20) as sb,
     ):
         r = await sb.run("print('A' * (4 << 20))")
-        assert r.status is ExecStatus.OUTPUT_LIMIT and r.truncated and r.state_lost
+        assert r.status is ToolStatus.OUTPUT_LIMIT and r.truncated and r.state_lost
         assert len(r.stdout) <= SMALL.output_bytes + 200
         assert (await sb.run("1 + 1")).stdout == "2\n"
 
@@ -111,6 +111,6 @@ async def test_real_e2b_smoke():
     async with E2BSandbox(Limits(wall_s=30)) as sb:
         assert (await sb.run("x = 20")).ok
         r = await sb.run("x * 2 + 2")
-        assert r.status is ExecStatus.OK and "42" in r.stdout
+        assert r.status is ToolStatus.OK and "42" in r.stdout
         r = await sb.run("import time; time.sleep(60)", timeout=2)
-        assert r.status is ExecStatus.TIMEOUT
+        assert r.status is ToolStatus.TIMEOUT

@@ -7,10 +7,11 @@ import asyncio
 import pytest
 
 from agentrl.errors import ConfigError, SandboxSelfTestError
-from agentrl.execution import ExecStatus, Limits
+from agentrl.execution import Limits
 from agentrl.sandbox import LIMIT_NAMES, LocalSandbox, self_test
 from agentrl.sandbox import selftest as selftest_mod
 from agentrl.sandbox._cgroup import manager
+from agentrl.types import ToolStatus
 
 from .conftest import SMALL, MiB, requires_bwrap
 
@@ -40,7 +41,7 @@ async def test_self_test_fails_closed_when_a_limit_is_missing(limit):
 async def test_unsafe_starts_despite_a_failed_self_test():
     async with LocalSandbox(SMALL, disable_limits=["file_size"], unsafe=True) as sb:
         r = await sb.run("open('big', 'wb').write(b'0' * (8 << 20))")
-        assert r.status is ExecStatus.OK  # the limit really is off: that is what unsafe means
+        assert r.status is ToolStatus.OK  # the limit really is off: that is what unsafe means
 
 
 async def test_self_test_runs_once_per_process_and_configuration(monkeypatch):
@@ -98,7 +99,7 @@ async def test_per_sandbox_cgroup_is_created_and_removed(local_sb):
 
 async def test_a_fork_of_the_worker_never_answers(local_sb):
     r = await local_sb.run("import os\npid = os.fork()\nprint('pid', pid == 0)")
-    assert r.status is ExecStatus.OK, r
+    assert r.status is ToolStatus.OK, r
     assert "pid False" in r.stdout
     assert (await local_sb.run("1 + 1")).stdout == "2\n"
 
@@ -113,7 +114,7 @@ async def test_junk_on_the_control_channel_is_contained(local_sb):
         "import time; time.sleep(0.2)"
     )
     r = await local_sb.run(code)
-    assert r.status is ExecStatus.KILLED and r.state_lost
+    assert r.status is ToolStatus.KILLED and r.state_lost
     assert "control channel" in r.message
     assert (await local_sb.run("1 + 1")).stdout == "2\n"
 
@@ -124,7 +125,7 @@ async def test_worker_death_between_calls_is_reported(local_sb):
     )
     await asyncio.sleep(0.6)
     r = await local_sb.run("1 + 1")
-    assert r.status is ExecStatus.OK and r.stdout == "2\n"
+    assert r.status is ToolStatus.OK and r.stdout == "2\n"
     assert r.state_lost and "died between calls" in r.message
 
 
@@ -143,23 +144,23 @@ async def test_ro_binds_expose_host_data_read_only(tmp_path):
         r = await sb.run(f"open({str(tmp_path / 'data.txt')!r}).read()")
         assert r.stdout == "'42'\n"
         r = await sb.run(f"open({str(tmp_path / 'x')!r}, 'w')")
-        assert r.status is ExecStatus.ERROR
+        assert r.status is ToolStatus.ERROR
     assert not (tmp_path / "x").exists()
 
 
 async def test_memory_limit_counts_real_allocations(make_local):
     async with make_local(Limits(memory_bytes=128 * MiB)) as sb:
         r = await sb.run("x = b'x' * (100 * 1024 * 1024); len(x)")
-        assert r.status is ExecStatus.OK
+        assert r.status is ToolStatus.OK
         r = await sb.run("y = b'y' * (100 * 1024 * 1024)")
-        assert r.status is ExecStatus.OOM
+        assert r.status is ToolStatus.OOM
         r = await sb.run("del x; z = b'z' * (100 * 1024 * 1024); len(z)")
-        assert r.status is ExecStatus.OK, r
+        assert r.status is ToolStatus.OK, r
 
 
 @pytest.mark.parametrize("code", ["x = (", "1/0", "def f():\n    raise KeyError('k')\nf()"])
 async def test_tracebacks_show_only_the_models_code(local_sb, code):
     """Replay compares tool output across versions: no frame of the worker's own source may leak in."""
     r = await local_sb.run(code)
-    assert r.status is ExecStatus.ERROR
+    assert r.status is ToolStatus.ERROR
     assert "<cell-" in r.stderr and "agentrl-sandbox-worker" not in r.stderr and "_worker" not in r.stderr

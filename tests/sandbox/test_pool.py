@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from agentrl.errors import SandboxError
-from agentrl.execution import ExecStatus
 from agentrl.sandbox import LocalSandbox, SandboxPool
+from agentrl.types import ToolStatus
 
 from .conftest import SMALL, requires_bwrap
 
@@ -47,7 +47,7 @@ async def test_cap_queue_and_busy_error():
             async with pool.acquire():
                 pass
         r = await pool.run_once("1")
-        assert r.status is ExecStatus.SANDBOX_ERROR and "busy" in r.message
+        assert r.status is ToolStatus.SANDBOX_ERROR and "busy" in r.message
         assert pool.stats.busy_rejections == 2
         await held[0].__aexit__(None, None, None)
         assert await waiter == "'third'\n"
@@ -105,3 +105,22 @@ async def test_64_concurrent_sessions_without_errors():
         results = await asyncio.gather(*(episode(i) for i in range(64)))
     for i, out in enumerate(results):
         assert out == [f"ok:{i}", f"ok:{i + 1}", f"ok:{i + 2}"], out
+
+
+async def test_the_pool_and_the_shipped_fake_are_sandbox_sources():
+    from agentrl.protocols import SandboxSource
+    from agentrl.testing import FakeSandboxSource
+
+    assert isinstance(SandboxPool(factory, size=1), SandboxSource)
+    source = FakeSandboxSource(size=1)
+    assert isinstance(source, SandboxSource)
+    second = source.acquire()
+    async with source.acquire() as sb:
+        await sb.run("secret = 1")
+        blocked = asyncio.ensure_future(second.__aenter__())
+        await asyncio.sleep(0.01)
+        assert not blocked.done()  # at most `size` sessions are out at once
+    lent = await blocked
+    r = await lent.run("'secret' in globals()")
+    await second.__aexit__(None, None, None)
+    assert r.stdout == "False\n" and source.lent == 2  # reset on its way back

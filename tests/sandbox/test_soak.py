@@ -9,29 +9,30 @@ import resource
 
 import pytest
 
-from agentrl.execution import ExecStatus, Limits
+from agentrl.execution import Limits
 from agentrl.sandbox import LocalSandbox
+from agentrl.types import ToolStatus
 
 from .conftest import MiB, requires_bwrap
 
 pytestmark = [requires_bwrap, pytest.mark.usefixtures("no_leaks")]
 
 HOSTILE = [
-    ("while True: pass", {ExecStatus.TIMEOUT}),
-    ("import time; time.sleep(10**9)", {ExecStatus.TIMEOUT}),
+    ("while True: pass", {ToolStatus.TIMEOUT}),
+    ("import time; time.sleep(10**9)", {ToolStatus.TIMEOUT}),
     (
         "import os\nwhile True: os.fork()",
-        {ExecStatus.ERROR, ExecStatus.TIMEOUT, ExecStatus.KILLED, ExecStatus.OOM},
+        {ToolStatus.ERROR, ToolStatus.TIMEOUT, ToolStatus.KILLED, ToolStatus.OOM},
     ),
-    ("x = bytearray(1 << 36)", {ExecStatus.OOM}),
-    ("a=[]\nwhile 1: a.append(b'x'*10**7)", {ExecStatus.OOM}),
-    ("while True: print('A' * 1000)", {ExecStatus.OUTPUT_LIMIT}),
-    ("import ctypes; ctypes.string_at(0)", {ExecStatus.KILLED}),
-    ("import os; os._exit(0)", {ExecStatus.ERROR}),
-    ("import subprocess; subprocess.Popen(['sleep', '1000'], start_new_session=True)", {ExecStatus.OK}),
-    ("import os; os.kill(-1, 9)", {ExecStatus.OK, ExecStatus.ERROR}),
-    ("f = open('big', 'wb')\nwhile 1: f.write(b'0' * (1 << 20))", {ExecStatus.ERROR}),
-    ("open('/etc/x', 'w')", {ExecStatus.ERROR}),
+    ("x = bytearray(1 << 36)", {ToolStatus.OOM}),
+    ("a=[]\nwhile 1: a.append(b'x'*10**7)", {ToolStatus.OOM}),
+    ("while True: print('A' * 1000)", {ToolStatus.OUTPUT_LIMIT}),
+    ("import ctypes; ctypes.string_at(0)", {ToolStatus.KILLED}),
+    ("import os; os._exit(0)", {ToolStatus.ERROR}),
+    ("import subprocess; subprocess.Popen(['sleep', '1000'], start_new_session=True)", {ToolStatus.OK}),
+    ("import os; os.kill(-1, 9)", {ToolStatus.OK, ToolStatus.ERROR}),
+    ("f = open('big', 'wb')\nwhile 1: f.write(b'0' * (1 << 20))", {ToolStatus.ERROR}),
+    ("open('/etc/x', 'w')", {ToolStatus.ERROR}),
 ]
 
 
@@ -66,7 +67,7 @@ async def test_soak_2000_calls_10_percent_hostile_8_in_flight():
                 if hostile:
                     code, allowed = HOSTILE[i % len(HOSTILE)]
                     # Calls meant to time out get a short deadline; the rest must end on their own limit.
-                    r = await sb.run(code, timeout=0.5 if allowed == {ExecStatus.TIMEOUT} else None)
+                    r = await sb.run(code, timeout=0.5 if allowed == {ToolStatus.TIMEOUT} else None)
                     counts["hostile"] += 1
                     if r.status not in allowed:
                         wrong.append(f"hostile {code!r}: {r.status} {r.message} {r.stderr[-200:]}")
@@ -78,7 +79,7 @@ async def test_soak_2000_calls_10_percent_hostile_8_in_flight():
                     expected += 1
                     if r.state_lost:
                         expected = 1
-                    if r.status is not ExecStatus.OK or r.stdout != f"{expected}\n":
+                    if r.status is not ToolStatus.OK or r.stdout != f"{expected}\n":
                         wrong.append(f"benign #{i}: {r.status} {r.stdout!r} expected {expected}")
                         expected = int(r.stdout) if r.stdout.strip().isdigit() else 0
                     elif expected > 1:

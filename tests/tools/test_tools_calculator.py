@@ -85,3 +85,12 @@ async def test_the_tool_reports_errors_to_the_model():
     bad = await calculator({"expression": "6 *"}, ToolContext())
     assert bad.status == ToolStatus.ERROR.value and bad.content.startswith("Error: invalid syntax")
     assert calculator.schema["function"]["parameters"]["required"] == ["expression"]
+
+
+def test_calculator_errors_are_in_the_error_tree():
+    from agentrl import errors
+
+    assert CalculatorError is errors.CalculatorError
+    assert issubclass(CalculatorError, errors.ToolCallError) and issubclass(CalculatorError, ValueError)
+    with pytest.raises(errors.EpisodeError, match="division by zero"):
+        evaluate("1/0")

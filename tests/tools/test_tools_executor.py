@@ -35,6 +35,8 @@ async def nap(seconds: float) -> str:
 class Raw:
     """A hand-written Tool that raises what it is told to."""
 
+    needs_sandbox = False
+
     def __init__(self, name: str, exc: BaseException | None = None, output: Any = None):
         self.name, self.exc, self.output = name, exc, output
         self.schema = {"type": "function", "function": {"name": name, "description": "x", "parameters": {}}}
@@ -134,10 +136,24 @@ async def test_infra_errors_raised_inside_a_decorated_tool_are_sandbox_errors():
 
 
 async def test_wrong_return_types_and_unknown_statuses_are_errors():
-    ex = ToolExecutor([Raw("plain", output="just text"), Raw("odd", output=ToolOutput("x", status="great"))])
-    plain, odd = await run(ex, call("plain") + call("odd"))
+    (plain,) = await run(ToolExecutor([Raw("plain", output="just text")]), call("plain"))
     assert plain.status is ToolStatus.ERROR and "no ToolOutput" in plain.output
-    assert odd.status is ToolStatus.ERROR and "great" in odd.detail
+    # ToolOutput.status is typed: a status string is converted, an unknown one is refused where it is made.
+    assert ToolOutput("x", status="timeout").status is ToolStatus.TIMEOUT  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="unknown tool status 'great'"):
+        ToolOutput("x", status="great")  # type: ignore[arg-type]
+
+
+def test_a_hand_written_tool_must_say_whether_it_needs_a_sandbox():
+    class Undeclared:
+        name = "undeclared"
+        schema = Raw("undeclared").schema
+
+        async def __call__(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
+            return ToolOutput("x")
+
+    with pytest.raises(ConfigError, match=r"looks like a Tool but lacks \['needs_sandbox'\]"):
+        ToolExecutor([Undeclared()])
 
 
 async def test_too_many_calls_in_one_turn_are_answered_not_run():

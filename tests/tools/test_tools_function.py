@@ -289,3 +289,50 @@ async def test_return_values_become_text():
     assert (await make(Color.BLUE)({}, CTX)).content == '"blue"'
     custom = ToolOutput("x", status="error", detail="d")
     assert await make(custom)({}, CTX) is custom
+
+
+def test_function_schema_is_what_tool_builds_for_the_same_function():
+    from agentrl.tools.function import function_schema
+
+    def lookup(city: str, days: int) -> str:
+        """Forecast for a city.
+
+        Args:
+            city: The city name.
+            days: How many days ahead.
+        """
+        return ""
+
+    built = function_schema(
+        "lookup",
+        "Forecast for a city.",
+        {"city": (str, "The city name."), "days": (int, "How many days ahead.")},
+    )
+    assert built == tool(lookup).schema
+    # The description is kept verbatim (the docstring path would fold it); argument texts are folded.
+    multi = function_schema("f", "Line one.\n\nLine two.", {"x": (str, "An\n   argument.")})
+    assert multi["function"]["description"] == "Line one.\n\nLine two."
+    assert multi["function"]["parameters"]["properties"]["x"]["description"] == "An argument."
+    for name, description, params, match in [
+        ("f", "  ", {}, "description"),
+        ("f", "Does f.", {"not an id": (str, "x")}, "identifier"),
+        ("f", "Does f.", {"x": (str, " ")}, "needs a description"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            function_schema(name, description, params)
+
+
+def test_needs_sandbox_is_declared_and_defaults_to_false():
+    assert tool(add).needs_sandbox is False
+
+    @tool(needs_sandbox=True)
+    async def run_it(code: str, context: ToolContext) -> str:
+        """Run code in the episode's sandbox.
+
+        Args:
+            code: The code.
+        """
+        return (await context.sandbox.run(code)).stdout if context.sandbox else ""
+
+    assert run_it.needs_sandbox is True and isinstance(run_it, Tool)
+    assert "context" not in run_it.parameters["properties"]

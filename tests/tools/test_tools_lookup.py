@@ -40,3 +40,25 @@ async def test_bad_arguments():
         assert (await t(args, ToolContext())).status == ToolStatus.BAD_ARGUMENTS.value
     with pytest.raises(ConfigError):
         LookupTool(["France"])  # type: ignore[arg-type]
+
+
+def test_schema_is_built_by_the_tool_machinery():
+    from agentrl.tools.function import function_schema
+
+    t = LookupTool(
+        CAPITALS,
+        name="capital",
+        description="Capital of a country.",
+        key_name="country",
+        key_description="The country, in English.",
+    )
+    assert t.schema == function_schema(
+        "capital", "Capital of a country.", {"country": (str, "The country, in English.")}
+    )
+    assert t.schema["function"]["parameters"]["properties"]["country"] == {
+        "type": "string",
+        "description": "The country, in English.",
+    }
+    assert t.needs_sandbox is False
+    with pytest.raises(ConfigError, match="identifier"):
+        LookupTool(CAPITALS, key_name="the key")

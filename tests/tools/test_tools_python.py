@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl import ExecResult, ExecStatus, Limits, ToolContext, ToolStatus
+from agentrl import ExecResult, Limits, ToolContext, ToolStatus
+from agentrl.errors import ConfigError
 from agentrl.testing import FakeSandbox
 from agentrl.tools import PythonTool, format_exec_result, python
-from agentrl.tools.python import STATUS_MAP
 
 
 class CannedSandbox:
@@ -50,22 +50,41 @@ async def test_code_errors_show_the_traceback_and_keep_the_session():
     assert await run_code(python, "print(y)", sb) == ("1", "ok")
 
 
-@pytest.mark.parametrize("status", list(ExecStatus))
-async def test_every_sandbox_status_maps_to_a_tool_status(status):
-    assert STATUS_MAP[status].value == status.value  # one to one, same names
+RUN_STATUSES = [s for s in ToolStatus if not s.is_call_error]
+
+
+@pytest.mark.parametrize("status", RUN_STATUSES)
+async def test_every_sandbox_status_becomes_the_call_status_unchanged(status):
     result = ExecResult(status, stdout="partial\n", message="why")
     out = await python({"code": "..."}, ToolContext(sandbox=CannedSandbox(result)))
-    assert out.status == status.value and out.detail == "why"
+    assert out.status is status and out.detail == "why"
     assert out.content.startswith("partial")
-    if status is not ExecStatus.OK and status is not ExecStatus.ERROR:
+    if status is not ToolStatus.OK and status is not ToolStatus.ERROR:
         assert len(out.content.splitlines()) == 2  # plus a one-line note on what stopped the code
-    assert ToolStatus(out.status).is_infra == (status is ExecStatus.SANDBOX_ERROR)
+    assert out.status.is_infra == (status is ToolStatus.SANDBOX_ERROR)
+
+
+@pytest.mark.parametrize("status", [s for s in ToolStatus if s.is_call_error])
+def test_a_sandbox_run_cannot_end_in_a_call_status(status):
+    with pytest.raises(ConfigError, match=status.value):
+        ExecResult(status)
+
+
+def test_schema_is_built_by_the_tool_machinery():
+    fn = PythonTool(name="run_py").schema["function"]
+    assert fn["name"] == "run_py" and fn["description"].startswith("Run Python code")
+    assert fn["parameters"] == {
+        "type": "object",
+        "properties": {"code": {"type": "string", "description": "The Python code to run."}},
+        "required": ["code"],
+    }
+    assert python.needs_sandbox is True
 
 
 def test_format_mentions_lost_state_and_caps_head_and_tail():
-    lost = ExecResult(ExecStatus.TIMEOUT, state_lost=True)
+    lost = ExecResult(ToolStatus.TIMEOUT, state_lost=True)
     assert "earlier variables and imports are gone" in format_exec_result(lost, 500)
-    big = ExecResult(ExecStatus.OK, stdout="first line\n" + "0123456789" * 1000 + "\nlast line")
+    big = ExecResult(ToolStatus.OK, stdout="first line\n" + "0123456789" * 1000 + "\nlast line")
     text = format_exec_result(big, 300)
     assert len(text) < 360
     assert text.startswith("first line") and text.endswith("last line") and "characters cut" in text
@@ -78,7 +97,7 @@ async def test_output_shown_to_the_model_is_capped():
 
 
 async def test_timeout_is_passed_down_and_lowered_by_the_context_limits():
-    sb = CannedSandbox(ExecResult(ExecStatus.OK))
+    sb = CannedSandbox(ExecResult(ToolStatus.OK))
     await PythonTool(timeout=10)({"code": "1"}, ToolContext(sandbox=sb))
     await PythonTool(timeout=10)({"code": "1"}, ToolContext(sandbox=sb, limits=Limits(wall_s=2)))
     await PythonTool(timeout=None)({"code": "1"}, ToolContext(sandbox=sb))

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,9 +14,11 @@ from pathlib import Path
 import pytest
 
 from agentrl import read_trajectories
-from agentrl.config import config_from_dict
+from agentrl.config import config_from_args, config_from_dict
+from agentrl.credit import GRPO, OTB
 from agentrl.errors import ConfigError
 from agentrl.metrics import read_metrics
+from agentrl.trainers.cli import build_parser
 from agentrl.trainers.cli import main as cli_main
 from agentrl.trainers.pg import TrainConfig, prepare_run, task_seeds
 
@@ -59,7 +62,9 @@ def test_run_directory_and_finite_metrics(two_step_run):
         "checkpoints",
     }
     cfg = json.loads((run / "config.json").read_text())
-    assert cfg["model"] == "tiny" and cfg["estimator"] == "otb" and cfg["group_size"] == 2
+    assert cfg["model"] == "tiny" and cfg["group_size"] == 2
+    # config.json records the estimator with its options (before typed estimators: "estimator": "otb").
+    assert cfg["estimator"] == {"name": "otb", "zero_tail": True, "eps": 1e-8}
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [0, 1]
     for r in rows:
@@ -101,8 +106,40 @@ def test_resume_continues_at_step_3_with_the_same_data(two_step_run, tmp_path):
 def test_resume_refuses_to_change_the_experiment(two_step_run):
     run, _ = two_step_run
     saved = config_from_dict(TrainConfig, json.loads((run / "config.json").read_text()))
+    assert saved.estimator == OTB()
     with pytest.raises(ConfigError, match=r"cannot change \['estimator'\]"):
         prepare_run(dataclasses.replace(saved, estimator="grpo", resume=str(run)))
+    with pytest.raises(ConfigError, match=r"cannot change \['estimator'\]"):
+        prepare_run(dataclasses.replace(saved, estimator=OTB(zero_tail=False), resume=str(run)))
+
+
+def test_run_dir_from_before_typed_estimators_still_resumes(two_step_run, tmp_path, capsys):
+    run, _ = two_step_run
+    old = tmp_path / "old"
+    shutil.copytree(run, old)
+    cfg = json.loads((old / "config.json").read_text())
+    cfg["estimator"] = "otb"  # how config.json recorded the estimator before it had options
+    cfg["out"], cfg["resume"] = str(old), None  # as written by its first run
+    (old / "config.json").write_text(json.dumps(cfg))
+    steps = steps_of(old)
+    # Every step is done: resuming loads the config and the last checkpoint, trains nothing and exits 0.
+    assert cli_main(["train", "--resume", str(old), "--steps", str(len(steps)), "--no-progress"]) == 0
+    assert f"resumed {old} at step {len(steps)}" in capsys.readouterr().out
+    assert json.loads((old / "config.json").read_text())["estimator"]["name"] == "otb"
+    assert steps_of(old) == steps
+
+
+def test_estimator_options_from_the_cli_are_recorded(tmp_path, capsys):
+    argv = ["train", "--estimator", "grpo", "--estimator.norm-by-std", "false", "--out", str(tmp_path / "g")]
+    cfg, run = prepare_run(config_from_args(TrainConfig, build_parser().parse_args(argv)))
+    assert cfg.estimator == GRPO(norm_by_std=False)
+    saved = json.loads(run.config_path.read_text())
+    assert saved["estimator"] == {"name": "grpo", "norm_by_std": False, "eps": 1e-6}
+    assert config_from_dict(TrainConfig, saved) == cfg
+    assert cli_main(["train", "--model", "tiny", "--estimator.norm-by-std", "false"]) == 2
+    err = capsys.readouterr().err
+    assert "--estimator.norm_by_std does not apply to --estimator otb" in err
+    assert "its options: --estimator.zero_tail, --estimator.eps" in err
 
 
 def _wait_for(predicate, timeout=240):
@@ -197,6 +234,21 @@ def test_cli_rejects_bad_settings(capsys, tmp_path):
         cli_main(["train", "--no-such-flag"])
 
 
+def test_rollout_settings_have_one_owner_and_old_config_files_load():
+    """TrainConfig embeds the rollout's own RolloutConfig (no copy of its fields); a config.json written
+    before that (its rollout section had five keys) loads into it unchanged."""
+    from agentrl.rollout import RolloutConfig
+
+    cfg = TrainConfig()
+    assert type(cfg.rollout) is RolloutConfig and cfg.rollout.on_template_mismatch == "stop"
+    assert (cfg.rollout.max_turns, cfg.rollout.max_new_tokens, cfg.rollout.concurrency) == (3, 96, 16)
+    old = dict(max_turns=2, max_new_tokens=24, max_total_tokens=512, temperature=1.0, concurrency=4)
+    loaded = config_from_dict(TrainConfig, {"model": "tiny", "rollout": old})
+    assert {k: getattr(loaded.rollout, k) for k in old} == old
+    with pytest.raises(ConfigError, match="top-p"):
+        TrainConfig(rollout=RolloutConfig(top_p=0.9))
+
+
 def test_help_documents_every_setting(capsys):
     with pytest.raises(SystemExit):
         cli_main(["train", "--help"])
@@ -213,9 +265,18 @@ def test_help_documents_every_setting(capsys):
         "--device",
         "--learner.lr",
         "--rollout.max-new-tokens",
+        "--rollout.max-turns",
+        "--rollout.max-total-tokens",
+        "--rollout.temperature",
+        "--rollout.concurrency",
+        "--estimator.zero-tail",
+        "--estimator.norm-by-std",
+        "--estimator.eps",
     ):
         assert flag in text
     assert "{otb,grpo,rloo,opo,none}" in text
+    # A nested setting shows the trainer's default, not its class's (RolloutConfig's own is 8 turns).
+    assert "episode as truncated (stop reason max_turns). (default: 3)" in " ".join(text.split())
 
 
 def test_plot_and_envs_commands(two_step_run, capsys):

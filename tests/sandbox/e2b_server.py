@@ -1,4 +1,4 @@
-"""A local stand-in for e2b's code-interpreter service, for tests and offline development.
+"""A local stand-in for e2b's code-interpreter service: a test helper (and the benchmark's), not shipped.
 
 It speaks the HTTP protocol that ``e2b-code-interpreter`` uses against port 49999 of a sandbox (read from
 the SDK: ``POST /execute`` answered by an NDJSON stream of ``stdout``/``stderr``/``result``/``error``/
@@ -24,20 +24,21 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from agentrl.execution import ExecResult, ExecStatus, Limits
-
-from .local import LocalSandbox
+from agentrl.execution import ExecResult, Limits
+from agentrl.sandbox import LocalSandbox
+from agentrl.types import ToolStatus
 
 __all__ = ["LocalE2BServer"]
 
 log = logging.getLogger(__name__)
 
 # Error names for outcomes a Jupyter kernel has no exception for; E2BSandbox maps them back to statuses.
+# Written out here rather than derived from the client's table, so a test catches the two disagreeing.
 ERROR_NAMES = {
-    ExecStatus.TIMEOUT: "SandboxTimeout",
-    ExecStatus.OUTPUT_LIMIT: "SandboxOutputLimit",
-    ExecStatus.KILLED: "SandboxKilled",
-    ExecStatus.OOM: "MemoryError",
+    ToolStatus.TIMEOUT: "SandboxTimeout",
+    ToolStatus.OUTPUT_LIMIT: "SandboxOutputLimit",
+    ToolStatus.KILLED: "SandboxKilled",
+    ToolStatus.OOM: "MemoryError",
 }
 
 
@@ -268,16 +269,16 @@ class LocalE2BServer:
         out = []
         if r.stdout:
             out.append(line({"type": "stdout", "text": r.stdout, "timestamp": ts}))
-        if r.status is ExecStatus.OK:
+        if r.status is ToolStatus.OK:
             if r.stderr:
                 out.append(line({"type": "stderr", "text": r.stderr, "timestamp": ts}))
-        elif r.status is ExecStatus.SANDBOX_ERROR:
+        elif r.status is ToolStatus.SANDBOX_ERROR:
             out.append(line({"type": "error", "name": "SandboxError", "value": r.message, "traceback": ""}))
         else:
             name, value = ERROR_NAMES.get(r.status, "Error"), r.message
-            if r.status is ExecStatus.ERROR and r.exit_code is not None:
+            if r.status is ToolStatus.ERROR and r.exit_code is not None:
                 name = "SystemExit"
-            elif r.status is ExecStatus.ERROR:
+            elif r.status is ToolStatus.ERROR:
                 # The last traceback line is "Name: value", as a kernel reports it.
                 last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "Error"
                 name, _, value = last.partition(":")

@@ -29,6 +29,10 @@ from typing import Any
 
 from agentrl import replay
 from agentrl.errors import ConfigError
+from agentrl.trainers.replay.recompute import recompute, recompute_run
+from agentrl.trainers.replay.reexec import ReexecReport, RescoreReport, areexec_many
+from agentrl.trainers.replay.reproduce import StepReport, reproduce_step, step_advantages
+from agentrl.trainers.replay.weights import load_tokenizer_for, train_config
 from agentrl.types import StopReason, ToolStatus, Trajectory
 
 __all__ = ["add_parser", "run"]
@@ -205,7 +209,7 @@ def _indent(text: str, n: int = 6) -> str:
     return "\n".join(" " * n + line for line in text.splitlines())
 
 
-def _print_reexec(reports: Sequence[replay.ReexecReport]) -> None:
+def _print_reexec(reports: Sequence[ReexecReport]) -> None:
     decoded = sum(r.actions_source == "decoded" for r in reports)
     if decoded:
         print(f"note: {decoded} trajectories record no actions; replayed their decoded model turns instead")
@@ -239,7 +243,7 @@ def _print_reexec(reports: Sequence[replay.ReexecReport]) -> None:
             print(f"  end (terminated, truncated): recorded {r.recorded_end}, replayed {r.replayed_end}")
 
 
-def _print_rescore(reports: Sequence[replay.RescoreReport]) -> None:
+def _print_rescore(reports: Sequence[RescoreReport]) -> None:
     ok = 0
     for r in reports:
         if r.error:
@@ -279,7 +283,7 @@ def _print_recompute(rep: replay.RecomputeReport) -> None:
     print("weights: " + "; ".join(weights))
 
 
-def _print_step(rep: replay.StepReport) -> None:
+def _print_step(rep: StepReport) -> None:
     print(
         f"step {rep.step}: recomputed from {len(rep.indices)} trajectories with {rep.weights} "
         f"(estimator {rep.estimator}, {rep.device or '-'})"
@@ -315,7 +319,7 @@ def run(ns: argparse.Namespace) -> int:
 
     def tokenizer() -> Any:
         if not tok_cache:
-            tok_cache.append(replay.load_tokenizer_for(rn, ns.tokenizer))
+            tok_cache.append(load_tokenizer_for(rn, ns.tokenizer))
         return tok_cache[0]
 
     if ns.show is not None:
@@ -352,23 +356,24 @@ def run(ns: argparse.Namespace) -> int:
         advantages = {}
         for step in sorted({t.meta.step for t in trajs if t.meta.step is not None}):
             advantages.update(
-                replay.step_advantages(rn, step, device=ns.device, dtype=ns.dtype, tokenizer=tokenizer())
+                step_advantages(rn, step, device=ns.device, dtype=ns.dtype, tokenizer=tokenizer())
             )
 
     recomputed: replay.RecomputeReport | None = None
     if ns.recompute and trajs:
         if ns.model is not None:
-            recomputed = replay.recompute(
+            recomputed = recompute(
                 trajs,
                 ns.model,
                 tokenizer=tokenizer(),
-                temperature=float(rn.setting("learner.temperature", 1.0)),
+                temperature=train_config(rn).learner.temperature if rn.run_dir is not None else 1.0,
                 indices=indices,
                 top=ns.top,
                 device=ns.device,
+                dtype=ns.dtype,
             )
         else:
-            recomputed = replay.recompute_run(
+            recomputed = recompute_run(
                 rn, indices=indices, tokenizer=tokenizer(), top=ns.top, device=ns.device, dtype=ns.dtype
             )
         rep_c = recomputed
@@ -396,12 +401,19 @@ def run(ns: argparse.Namespace) -> int:
             rc = 1
 
     if ns.reexec or ns.rescore:
-        env_kwargs = json.loads(ns.env_kwargs) if ns.env_kwargs else dict(rn.setting("env_kwargs", {}) or {})
+        # The run's settings are read only by the modes that need one: listing works on any config.json.
+        if ns.env_kwargs:
+            try:
+                env_kwargs = json.loads(ns.env_kwargs)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"--env-kwargs is not JSON: {e}") from e
+        else:
+            env_kwargs = dict(train_config(rn).env_kwargs) if rn.run_dir is not None else {}
         if not isinstance(env_kwargs, dict):
             raise ConfigError("--env-kwargs must be a JSON object")
         needs_tok = any(not t.actions for t in trajs)
         rex = asyncio.run(
-            replay.areexec_many(
+            areexec_many(
                 trajs,
                 indices=indices,
                 concurrency=ns.concurrency,
@@ -415,7 +427,7 @@ def run(ns: argparse.Namespace) -> int:
             if any(not r.ok for r in rex):
                 rc = 1
         if ns.rescore:
-            resc = [replay.RescoreReport.from_reexec(r, t) for r, t in zip(rex, trajs, strict=True)]
+            resc = [RescoreReport.from_reexec(r, t) for r, t in zip(rex, trajs, strict=True)]
             out["rescore"] = _jsonable(resc)
             emit.append(lambda: _print_rescore(resc))
             if any(not r.matches for r in resc):
@@ -451,7 +463,7 @@ def run(ns: argparse.Namespace) -> int:
         if rn.run_dir is None:
             emit.append(lambda: print("note: not a run directory, so step reproduction is not possible"))
         else:
-            rep_s = replay.reproduce_step(
+            rep_s = reproduce_step(
                 rn,
                 ns.step,
                 device=ns.device,

@@ -1,0 +1,367 @@
+"""One episode, token in / token out: :func:`run_episode` and the settings every rollout obeys.
+
+::
+
+    reset -> render prompt -> [generate -> step -> render delta]* -> Trajectory
+
+* The policy sees token ids and returns token ids with the sampler's log-probs. Sampled ids go into the
+  trajectory as sampled; the environment gets their decoded text (stop token removed) as the
+  :class:`~agentrl.types.Action`.
+* The environment parses tool calls itself; the rollout records the parsed message its
+  :class:`~agentrl.env.StepResult` reports (``assistant_message``, else ``Message("assistant", text)``) and
+  its ``tool_calls``. The rollout has no parser of its own, so evaluation and training cannot drift apart
+  (pitfall §15.7).
+* Observation tokens come from :meth:`agentrl.chat.ChatRenderer.render_delta`, which checks that the
+  template is append-only for this conversation. On a mismatch the episode raises or stops, as
+  :attr:`RolloutConfig.on_template_mismatch` says; it never continues with a corrupted stream.
+* All token columns are built by :func:`agentrl.masking.build_columns`.
+
+Limits, each with one owner and one stop reason. The rollout owns the compute budget: ``max_turns``
+(``MAX_TURNS``), ``max_new_tokens`` per turn (``TURN_TOKENS``) and ``max_total_tokens`` for the whole token
+stream (``MAX_TOKENS``). The environment owns the task: it ends an episode with ``terminated``
+(``TERMINATED``) or, by a rule of its own such as guess-number's guess budget, ``truncated``
+(``ENV_TRUNCATED``). Every limit sets ``truncated``.
+
+**A generation that ends by length** (no stop token) ends the episode: ``truncated=True`` with
+``StopReason.TURN_TOKENS`` (or ``MAX_TOKENS`` when the total budget was what cut it), and the environment
+does not see the half-finished turn. The cut tokens stay in the trajectory exactly as sampled (mask 1, with
+their log-probs); the stop reason lets the trainer decide what to do with them (keep, mask out, penalize).
+
+Failures. An exception from the environment (``ENV_ERROR``), the policy (``POLICY_ERROR``) or a tool call
+whose status is ``sandbox_error`` (``SANDBOX_ERROR``) stops the episode; the trajectory is still returned
+with the error recorded and ``infra_failure`` set, so the trainer drops it instead of scoring it 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agentrl.chat import ChatRenderer
+from agentrl.env import Env, as_step_result
+from agentrl.errors import ConfigError, EnvContractError, PolicyError, SandboxError, TemplateError
+from agentrl.masking import Piece, build_columns
+from agentrl.protocols import FinishReason, Generation, Policy, Sampling
+from agentrl.types import Action, EpisodeFailure, Message, StopReason, ToolRecord, Trajectory, TrajectoryMeta
+
+__all__ = ["RolloutConfig", "run_episode"]
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutConfig:
+    """How episodes are run: the one owner of the rollout's limits and sampling. Validated on construction.
+
+    ``agentrl train`` embeds it as ``--rollout.*`` (with its own defaults for a CPU run).
+    """
+
+    max_turns: int = 8
+    """Most model turns per episode; reaching it ends the episode as truncated (stop reason max_turns)."""
+    max_new_tokens: int = 512
+    """Most tokens the model may sample in one turn; a turn cut by it ends the episode (turn_tokens)."""
+    max_total_tokens: int = 4096
+    """Context budget of a whole episode: prompt, turns and observations (stop reason max_tokens)."""
+    temperature: float = 1.0
+    """Sampling temperature; the recorded log-probs are those of the tempered distribution."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1 = off). Below 1 the recorded log-probs are those of the truncated
+    distribution, not what a learner recomputes; keep 1 for on-policy training."""
+    seed: int | None = None
+    """Base seed for sampling: each (group seed, member, turn) gets its own seed derived from it; none
+    leaves seeding to the policy."""
+    concurrency: int = 32
+    """Most episodes in flight at once, across all groups."""
+    on_template_mismatch: Literal["raise", "stop"] = "raise"
+    """When the chat template is not append-only for a conversation: raise a TemplateError to the caller,
+    or stop the episode (truncated, stop reason template_mismatch, the error recorded) and carry on."""
+    audit: bool = False
+    """Run the token audit (agentrl.audit) on every trajectory; raises AuditError. For tests and debugging;
+    costs a few decodes per turn."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_new_tokens", "max_total_tokens", "concurrency"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"RolloutConfig.{name} must be a positive int, got {v!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise ConfigError(f"RolloutConfig.seed must be an int or None, got {self.seed!r}")
+        if self.on_template_mismatch not in ("raise", "stop"):
+            raise ConfigError(
+                f"on_template_mismatch must be 'raise' or 'stop', got {self.on_template_mismatch!r}"
+            )
+        if not isinstance(self.audit, bool):
+            raise ConfigError(f"RolloutConfig.audit must be a bool, got {self.audit!r}")
+        self.sampling  # noqa: B018 - Sampling validates temperature and top_p
+
+    @property
+    def sampling(self) -> Sampling:
+        """The per-turn :class:`~agentrl.protocols.Sampling` (before the budget and seed of each turn)."""
+        return Sampling(
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p, seed=self.seed
+        )
+
+    def turn_sampling(self, max_new: int, group_seed: int | None, member: int, turn: int) -> Sampling:
+        """Sampling for one turn: at most ``max_new`` tokens, with the seed derived for this turn."""
+        seed = None
+        if self.seed is not None:
+            g = 0 if group_seed is None else group_seed
+            seed = (self.seed * 1_000_003 + g * 8_191 + member * 131 + turn) % (2**31 - 1)
+        return Sampling(max_new_tokens=max_new, temperature=self.temperature, top_p=self.top_p, seed=seed)
+
+
+# -------------------------------------------------------------------------------------------------
+def _check_generation(gen: Any, vocab_size: int, max_new: int) -> Generation:
+    """Reject what a policy must never return (engine-side wrong ids, pitfall §15.5)."""
+    if not isinstance(gen, Generation):
+        raise PolicyError(f"policy returned {type(gen).__name__}, not a Generation")
+    if not gen.token_ids:
+        raise PolicyError("policy returned an empty generation")
+    if len(gen.token_ids) > max_new:
+        raise PolicyError(f"policy returned {len(gen.token_ids)} tokens, more than max_new_tokens={max_new}")
+    for t in gen.token_ids:
+        if not isinstance(t, int) or not 0 <= t < vocab_size:
+            raise PolicyError(f"policy returned token id {t!r}, outside the vocabulary [0, {vocab_size})")
+    for lp in gen.logprobs:
+        if not (isinstance(lp, (int, float)) and math.isfinite(lp) and lp <= 1e-6):
+            raise PolicyError(f"policy returned log-prob {lp!r}; log-probs must be finite and <= 0")
+    return gen
+
+
+async def run_episode(
+    env: Env,
+    policy: Policy,
+    renderer: ChatRenderer,
+    config: RolloutConfig | None = None,
+    *,
+    seed: int | None = None,
+    meta: TrajectoryMeta | None = None,
+    options: dict[str, Any] | None = None,
+    member: int = 0,
+) -> Trajectory:
+    """Run one episode of ``env`` with ``policy`` and return its trajectory (never raises for env,
+    policy or sandbox failures; those are recorded).
+
+    Args:
+        env: The environment (not closed here; the caller owns it).
+        policy: Token-in/token-out policy; it must stop on ``renderer.stop_token_ids``.
+        renderer: Chat template renderer for the policy's tokenizer.
+        config: Limits and behaviour (default :class:`RolloutConfig`).
+        seed: Passed to ``env.reset``.
+        meta: Identity fields (group id, task id, step...); env id, seed, policy version and episode id
+            are filled in when empty.
+        options: Passed to ``env.reset``.
+        member: Index within the group (only used to derive per-turn sampling seeds).
+
+    Raises:
+        TemplateError: the template is not append-only and ``config.on_template_mismatch == "raise"``.
+        AuditError: ``config.audit`` is on and the trajectory breaks an invariant (a bug).
+    """
+    cfg = config or RolloutConfig()
+    ep = _Episode(start_version=int(getattr(policy, "version", 0)))
+    timings, pieces, messages, rewards = ep.timings, ep.pieces, ep.messages, ep.rewards
+    fail = ep.fail
+
+    def finish() -> Trajectory:
+        return ep.finish(meta or TrajectoryMeta(), env, seed, cfg, renderer)
+
+    tools = list(getattr(env, "tools", ()) or ())
+    history: list[Message] = []  # what the template renders: assistant turns carry their sampled text
+    ids: list[int] = []
+    prefix_text = ""
+    t0 = time.perf_counter()
+    try:
+        obs, _info = await env.reset(seed=seed, options=options)
+        obs = tuple(obs)
+        if not obs or not all(isinstance(m, Message) for m in obs):
+            raise EnvContractError("reset must return a non-empty tuple of Message as the observation")
+    except Exception as e:
+        timings["reset"] = time.perf_counter() - t0
+        fail(type(e).__name__, str(e), -1, _infra_reason(e))
+        return finish()
+    timings["reset"] = time.perf_counter() - t0
+    messages.extend(obs)
+    history.extend(obs)
+
+    t0 = time.perf_counter()
+    try:
+        prompt = renderer.render_prompt(obs, tools=tools)
+    except TemplateError as e:
+        timings["render"] += time.perf_counter() - t0
+        if cfg.on_template_mismatch == "raise":
+            raise
+        ep.truncated = True
+        fail("TemplateError", str(e), -1, StopReason.TEMPLATE_MISMATCH, infra=False)
+        return finish()
+    timings["render"] += time.perf_counter() - t0
+    pieces.extend(prompt.pieces)
+    ids.extend(prompt.token_ids)
+    prefix_text = prompt.text
+
+    turn = 0
+    while True:
+        budget = cfg.max_total_tokens - len(ids)
+        if budget <= 0:
+            ep.truncated, ep.stop_reason = True, StopReason.MAX_TOKENS
+            break
+        max_new = min(cfg.max_new_tokens, budget)
+        sampling = cfg.turn_sampling(max_new, seed, member, turn)
+        t0 = time.perf_counter()
+        try:
+            gen = _check_generation(await policy.generate(tuple(ids), sampling), renderer.vocab_size, max_new)
+            if gen.finish_reason is FinishReason.STOP and not renderer.is_stop(gen.token_ids[-1]):
+                last = gen.token_ids[-1]
+                raise PolicyError(
+                    f"the policy stopped on token {last} ({renderer.decode([last])!r}), which the "
+                    f"renderer does not treat as a stop token {renderer.stop_token_ids}; give both "
+                    "the same stop_token_ids"
+                )
+        except Exception as e:
+            timings["generate"] += time.perf_counter() - t0
+            fail(type(e).__name__, str(e), turn, StopReason.POLICY_ERROR)
+            break
+        timings["generate"] += time.perf_counter() - t0
+        ep.versions.append(gen.policy_version)
+        sampled = gen.token_ids
+        text = renderer.assistant_text(sampled)
+        asst_index = len(messages)
+        pieces.append(Piece.sampled(sampled, gen.logprobs, turn, asst_index))
+        ids.extend(sampled)
+
+        if gen.finish_reason is FinishReason.LENGTH or not renderer.is_stop(sampled[-1]):
+            messages.append(Message("assistant", text))
+            ep.truncated = True
+            ep.stop_reason = StopReason.MAX_TOKENS if max_new < cfg.max_new_tokens else StopReason.TURN_TOKENS
+            break
+
+        t0 = time.perf_counter()
+        ep.actions.append(text)
+        try:
+            result = as_step_result(await env.step(Action(text=text, token_ids=tuple(sampled))))
+        except Exception as e:
+            timings["env"] += time.perf_counter() - t0
+            messages.append(Message("assistant", text))
+            fail(type(e).__name__, str(e), turn, _infra_reason(e))
+            break
+        timings["env"] += time.perf_counter() - t0
+        new_obs = result.observation
+        messages.append(result.assistant_message or Message("assistant", text))
+        rewards.append(result.reward)
+        ep.tool_records.extend(result.tool_calls)
+        first_obs_index = len(messages)
+        messages.extend(new_obs)
+        infra_error = result.infra_error
+        if infra_error is not None:
+            fail("SandboxError", infra_error, turn, StopReason.SANDBOX_ERROR)
+            break
+        if result.terminated:
+            ep.terminated, ep.stop_reason = True, StopReason.TERMINATED
+            break
+        if result.truncated:
+            ep.truncated, ep.stop_reason = True, StopReason.ENV_TRUNCATED
+            break
+        if turn + 1 >= cfg.max_turns:
+            ep.truncated, ep.stop_reason = True, StopReason.MAX_TURNS
+            break
+
+        t0 = time.perf_counter()
+        try:
+            delta = renderer.render_delta(
+                history,
+                ids[: len(ids) - len(sampled)],
+                prefix_text,
+                sampled,
+                new_obs,
+                turn=turn,
+                first_message_index=first_obs_index,
+                tools=tools,
+            )
+        except TemplateError as e:
+            timings["render"] += time.perf_counter() - t0
+            if cfg.on_template_mismatch == "raise":
+                raise
+            ep.truncated = True
+            fail("TemplateError", str(e), turn, StopReason.TEMPLATE_MISMATCH, infra=False)
+            break
+        timings["render"] += time.perf_counter() - t0
+        if len(ids) + len(delta.token_ids) >= cfg.max_total_tokens:
+            # No room left for even one sampled token after this observation.
+            ep.truncated, ep.stop_reason = True, StopReason.MAX_TOKENS
+            break
+        history.append(Message("assistant", delta.assistant_text))
+        history.extend(new_obs)
+        pieces.extend(delta.pieces)
+        ids.extend(delta.token_ids)
+        prefix_text = delta.text
+        turn += 1
+
+    return finish()
+
+
+def _infra_reason(e: BaseException) -> StopReason:
+    return StopReason.SANDBOX_ERROR if isinstance(e, SandboxError) else StopReason.ENV_ERROR
+
+
+@dataclass
+class _Episode:
+    """What one episode has accumulated so far (internal and mutable; the result is a frozen Trajectory)."""
+
+    start_version: int
+    pieces: list[Piece] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    tool_records: list[ToolRecord] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    errors: list[EpisodeFailure] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    terminated: bool = False
+    truncated: bool = False
+    stop_reason: StopReason = StopReason.TERMINATED
+    timings: dict[str, float] = field(
+        default_factory=lambda: {"reset": 0.0, "generate": 0.0, "env": 0.0, "render": 0.0}
+    )
+    t_start: float = field(default_factory=time.perf_counter)
+
+    def fail(self, kind: str, message: str, turn: int, reason: StopReason, infra: bool = True) -> None:
+        self.errors.append(EpisodeFailure(kind, message, turn, infra))
+        self.stop_reason = reason
+
+    def finish(
+        self, meta: TrajectoryMeta, env: Env, seed: int | None, cfg: RolloutConfig, renderer: ChatRenderer
+    ) -> Trajectory:
+        cols = build_columns(self.pieces)
+        extra = dict(meta.extra)
+        if self.versions and max(self.versions) != min(self.versions):
+            extra["policy_version_max"] = max(self.versions)
+        meta = dataclasses.replace(
+            meta,
+            env_id=meta.env_id or (env.spec_id or type(env).__name__),
+            seed=meta.seed if meta.seed is not None else seed,
+            policy_version=min(self.versions) if self.versions else self.start_version,
+            episode_id=meta.episode_id or uuid.uuid4().hex,
+            extra=extra,
+        )
+        self.timings["total"] = time.perf_counter() - self.t_start
+        traj = Trajectory(
+            token_ids=cols.token_ids,
+            loss_mask=cols.loss_mask,
+            logprobs=cols.logprobs,
+            segments=cols.segments,
+            messages=tuple(self.messages),
+            tool_calls=tuple(self.tool_records),
+            actions=tuple(self.actions),
+            rewards=tuple(self.rewards),
+            terminated=self.terminated,
+            truncated=self.truncated,
+            stop_reason=self.stop_reason,
+            errors=tuple(self.errors),
+            meta=meta,
+            timings=self.timings,
+        )
+        if cfg.audit:
+            from agentrl.audit import audit_trajectory
+
+            audit_trajectory(traj, renderer)
+        return traj

@@ -1,0 +1,43 @@
+"""The policy-gradient learner: chunked log-prob/Σπ² forward pass, REINFORCE and PPO-clip losses.
+
+Data flow for one training step (the trainer in ``agentrl.trainers`` drives it through
+:func:`agentrl.update.policy_update`)::
+
+    batch = collate(trajectories, pad_id)                     # agentrl.batch
+    logprobs, sum_pi_sq = learner.score(batch)                # no grad, trainer's own π_old and Σπ²
+    batch = dataclasses.replace(batch, old_logprobs_B_T=logprobs)
+    adv = OTB().advantages(batch.token_rewards_B_T, batch.loss_mask_B_T,
+                           logprobs, sum_pi_sq, batch.group_ids)   # agentrl.credit
+    stats = learner.step(batch, adv)
+
+Modules (each imports only those above it):
+
+* :mod:`~agentrl.learner.forward` — :func:`forward_logprobs`: log π, Σπ² and entropy, chunked over tokens;
+* :mod:`~agentrl.learner.losses` — :func:`policy_loss` (REINFORCE, PPO-clip, dual clip) and the k3 KL;
+* :mod:`~agentrl.learner.config` — :class:`LearnerConfig` and :class:`LearnerStats`;
+* :mod:`~agentrl.learner.distributed` — rank helpers and :func:`wrap_fsdp` (torch FSDP2);
+* :mod:`~agentrl.learner.learner` — :class:`Learner` (micro-batching, ``score``, ``step``).
+"""
+
+from agentrl.batch import TokenBatch, collate
+from agentrl.learner.config import LearnerConfig, LearnerStats, LossAgg
+from agentrl.learner.distributed import wrap_fsdp
+from agentrl.learner.forward import ForwardOutput, forward_logprobs
+from agentrl.learner.learner import Learner, plan_micro_batches
+from agentrl.learner.losses import PolicyLossName, kl_k3, policy_loss
+
+__all__ = [
+    "ForwardOutput",
+    "Learner",
+    "LearnerConfig",
+    "LearnerStats",
+    "LossAgg",
+    "PolicyLossName",
+    "TokenBatch",
+    "collate",
+    "forward_logprobs",
+    "kl_k3",
+    "plan_micro_batches",
+    "policy_loss",
+    "wrap_fsdp",
+]

@@ -1,0 +1,120 @@
+"""What the learner is told (:class:`LearnerConfig`) and what one step reports (:class:`LearnerStats`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from agentrl.errors import ConfigError
+from agentrl.learner.losses import PolicyLossName
+
+__all__ = ["LearnerConfig", "LearnerStats", "LossAgg"]
+
+LossAgg = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+_LOSS_AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerConfig:
+    """Settings of :class:`Learner`; validated on construction (:class:`ConfigError`)."""
+
+    policy_loss: PolicyLossName = "ppo"
+    """``ppo`` (clipped surrogate) or ``reinforce`` (−A·log π)."""
+    clip_eps_low: float = 0.2
+    """PPO: lower clip range, ratio ≥ 1 − clip_eps_low."""
+    clip_eps_high: float = 0.2
+    """PPO: upper clip range, ratio ≤ 1 + clip_eps_high (DAPO's clip-higher uses 0.28)."""
+    dual_clip_c: float | None = None
+    """PPO dual clip: bound the loss of negative-advantage tokens by −A·c (c > 1, typically 3); None
+    = off."""
+    loss_agg: LossAgg = "token-mean"
+    """``token-mean`` (mean over all model tokens of the batch), ``seq-mean-token-sum`` (mean over
+    sequences of the per-sequence sum) or ``seq-mean-token-mean`` (mean over sequences of the
+    per-sequence mean). Sequences without model tokens are not counted. Normalisers are global over
+    the batch (and over ranks), so micro-batching does not change the gradient."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL penalty to the reference policy (needs ``ref_model`` or
+    ``ref_logprobs``)."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss)."""
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to this value; None = no clipping (the norm is still
+    reported)."""
+    micro_batch_tokens: int | None = None
+    """Padded tokens (rows × longest row) per micro-batch; rows are packed longest first; None = the
+    whole batch at once. A row longer than the budget gets a micro-batch of its own."""
+    lr: float = 1e-6
+    """Learning rate of the default AdamW (ignored when an optimizer is passed)."""
+    weight_decay: float = 0.0
+    """Weight decay of the default AdamW."""
+    temperature: float = 1.0
+    """Sampling temperature: log-probs and Σπ² are those of softmax(logits / temperature)."""
+    chunk_size: int = 1024
+    """Tokens per chunk through the LM head (extra memory ≈ chunk_size × vocab × 4 bytes × a
+    few)."""
+    bf16_autocast: bool = False
+    """Run forward passes under bf16 autocast (meant for CUDA; works, slowly, on CPU)."""
+    gradient_checkpointing: bool = False
+    """Enable HF activation checkpointing on the model (less memory, one extra forward)."""
+    skip_nonfinite_grad: bool = True
+    """Skip the optimizer step (and report ``skipped``) when the gradient norm is NaN or inf."""
+
+    def __post_init__(self) -> None:
+        if self.policy_loss not in ("ppo", "reinforce"):
+            raise ConfigError(f"policy_loss must be 'ppo' or 'reinforce', got {self.policy_loss!r}")
+        if self.loss_agg not in _LOSS_AGGS:
+            raise ConfigError(f"loss_agg must be one of {_LOSS_AGGS}, got {self.loss_agg!r}")
+        if not (0 <= self.clip_eps_low < 1) or self.clip_eps_high < 0:
+            raise ConfigError(
+                f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {self.clip_eps_low}, "
+                f"{self.clip_eps_high}"
+            )
+        if self.dual_clip_c is not None and self.dual_clip_c <= 1:
+            raise ConfigError(f"dual_clip_c must be > 1 (or None), got {self.dual_clip_c}")
+        for name in ("kl_coef", "entropy_coef", "lr", "weight_decay"):
+            v = getattr(self, name)
+            if not math.isfinite(v) or v < 0:
+                raise ConfigError(f"{name} must be a finite number >= 0, got {v}")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise ConfigError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise ConfigError(f"micro_batch_tokens must be >= 1 or None, got {self.micro_batch_tokens}")
+        if not self.temperature > 0:
+            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
+        if self.chunk_size < 1:
+            raise ConfigError(f"chunk_size must be >= 1, got {self.chunk_size}")
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerStats:
+    """What one :meth:`Learner.step` did (plain floats, ready to log)."""
+
+    loss: float
+    """The aggregated objective that was differentiated (policy + kl_coef·KL − entropy_coef·H)."""
+    pg_loss: float
+    """Its policy-gradient part alone (same aggregation)."""
+    kl: float
+    """Token-mean k3 KL to the reference policy (0 when the KL term is off)."""
+    entropy: float
+    """Token-mean entropy of the current policy on model tokens."""
+    grad_norm: float
+    """Global gradient norm before clipping."""
+    clip_frac: float
+    """Fraction of model tokens whose PPO ratio was clipped (0 for REINFORCE)."""
+    approx_kl: float
+    """Token-mean of log π_old − log π (drift from the behaviour policy, before the update)."""
+    ratio_max: float
+    """Largest importance ratio π/π_old among model tokens."""
+    tokens: int
+    """Model tokens in the batch (on this rank)."""
+    sequences: int
+    """Rows with at least one model token (on this rank)."""
+    micro_batches: int
+    """Forward/backward passes taken."""
+    skipped: bool
+    """True when the update was skipped because the gradient was not finite."""
+
+    def to_dict(self, prefix: str = "actor/") -> dict[str, float]:
+        """Flat metrics for a logger."""
+        return {prefix + k: float(getattr(self, k)) for k in self.__slots__}

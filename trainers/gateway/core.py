@@ -1,0 +1,305 @@
+"""The gateway without HTTP: sessions, the policy call, and finished trajectories.
+
+:class:`GatewayCore` takes request bodies as parsed JSON and returns response bodies; the HTTP layer
+(:mod:`agentrl.trainers.gateway.server`) only moves bytes. It needs nothing but a
+:class:`~agentrl.protocols.Policy` (token in, token out) and a :class:`~agentrl.chat.ChatRenderer`, so the
+policy may live in this process (``HFPolicy``), behind an inference server (``OpenAIPolicy``), or in another
+actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import re
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from agentrl.chat import ChatRenderer
+from agentrl.errors import PolicyError
+from agentrl.protocols import FinishReason, Generation, Policy, Sampling, TrajectoryStore
+from agentrl.tools import get_parser
+from agentrl.types import EpisodeFailure, StopReason, Trajectory, TrajectoryMeta
+
+from .session import GatewayConfig, Session
+from .wire import GatewayError, completion_body, parse_chat_request
+
+__all__ = ["GatewayCore"]
+
+log = logging.getLogger(__name__)
+
+_SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class GatewayCore:
+    """Sessions of an OpenAI-compatible recording gateway in front of ``policy``.
+
+    Args:
+        policy: Samples turns (its stop ids must be ``renderer.stop_token_ids``).
+        renderer: The chat template renderer of the policy's tokenizer.
+        config: Rendering, sampling and recording settings.
+        store: Where finished sessions' trajectories are appended (None: only returned to the caller).
+        auto_sessions: A request for an unknown session id opens it (standalone use). When False, only
+            sessions opened with :meth:`open_session` exist (training), and others get a 404.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        renderer: ChatRenderer,
+        config: GatewayConfig | None = None,
+        *,
+        store: TrajectoryStore | None = None,
+        auto_sessions: bool = True,
+    ):
+        self.policy = policy
+        self.renderer = renderer
+        self.config = config or GatewayConfig()
+        self.store = store
+        self.auto_sessions = auto_sessions
+        self.parser = get_parser(self.config.parser)
+        self.tools_in_template = self._tools_in_template()
+        self.sessions: dict[str, Session] = {}
+        self._finished: set[str] = set()
+        self._results: dict[str, tuple[Trajectory, ...]] = {}
+        self.created = int(time.time())
+
+    def _tools_in_template(self) -> bool:
+        mode = self.config.tool_prompt
+        if mode != "auto":
+            return mode == "template"
+        probe = [{"type": "function", "function": {"name": "probe_tool", "parameters": {"type": "object"}}}]
+        from agentrl.types import Message
+
+        msgs = [Message("user", "x")]
+        with_tools = self.renderer.render_text(msgs, tools=probe, add_generation_prompt=False)
+        return with_tools != self.renderer.render_text(msgs, add_generation_prompt=False)
+
+    # ------------------------------------------------------------------------------------------
+    def open_session(self, meta: TrajectoryMeta | None = None, session_id: str | None = None) -> str:
+        """Open a session (its trajectories get ``meta``); return its id."""
+        sid = session_id or uuid.uuid4().hex
+        _check_id(sid)
+        if sid in self.sessions or sid in self._finished:
+            raise GatewayError(409, f"session {sid!r} already exists", code="session_exists")
+        self.sessions[sid] = self._new(sid, meta)
+        return sid
+
+    def _new(self, sid: str, meta: TrajectoryMeta | None) -> Session:
+        meta = meta or TrajectoryMeta(env_id="gateway", task_id=sid, group_id=sid)
+        return Session(
+            sid,
+            self.renderer,
+            self.config,
+            meta=meta,
+            parser=self.parser,
+            tools_in_template=self.tools_in_template,
+        )
+
+    def _session(self, sid: str, *, create: bool) -> Session:
+        _check_id(sid)
+        if sid in self._finished:
+            raise GatewayError(409, f"session {sid!r} is already finished", code="session_finished")
+        s = self.sessions.get(sid)
+        if s is None:
+            if not create:
+                raise GatewayError(
+                    404, f"unknown session {sid!r}", code="unknown_session", kind="not_found_error"
+                )
+            s = self.sessions[sid] = self._new(sid, None)
+        return s
+
+    def models(self) -> dict[str, Any]:
+        """The ``GET /v1/models`` body."""
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.config.model_name,
+                    "object": "model",
+                    "created": self.created,
+                    "owned_by": "agentrl",
+                }
+            ],
+        }
+
+    # ------------------------------------------------------------------------------------------
+    async def chat(self, sid: str, body: Any) -> tuple[bool, bool, dict[str, Any]]:
+        """Answer one chat-completions request of session ``sid``.
+
+        Returns ``(stream, include_usage, completion body)``. Raises :class:`GatewayError` with the HTTP
+        status for everything the client did wrong (and 500 when the policy failed). Cancelling the call
+        (the client went away) leaves the session as if the request had not been made.
+        """
+        req = parse_chat_request(body)
+        s = self._session(sid, create=self.auto_sessions)
+        if s.lock.locked():
+            raise GatewayError(
+                409,
+                f"session {sid!r} already has a request in flight; a session is one conversation, so its "
+                "requests must come one at a time (use one session per concurrent branch)",
+                code="concurrent_request",
+            )
+        async with s.lock:
+            if sid in self._finished:
+                raise GatewayError(409, f"session {sid!r} is already finished", code="session_finished")
+            prompt = s.prepare(req)
+            cap = min(req.max_tokens or self.config.max_new_tokens, self.config.max_new_tokens)
+            max_new = min(cap, self.config.max_total_tokens - len(prompt))
+            fixed = self.config.temperature
+            sampling = Sampling(
+                max_new_tokens=max_new,
+                temperature=fixed if fixed is not None else (req.temperature or 1.0),
+                top_p=1.0 if fixed is not None else (req.top_p or 1.0),
+                seed=req.seed,
+            )
+            t0 = time.perf_counter()
+            try:
+                gen = self._check(await self.policy.generate(prompt, sampling), max_new)
+            except asyncio.CancelledError:
+                s.disconnects += 1
+                raise
+            except Exception as e:
+                s.fail(type(e).__name__, str(e), StopReason.POLICY_ERROR)
+                log.warning("session %s: the policy failed: %r", sid, e)
+                raise GatewayError(500, f"the policy failed to generate: {e}", kind="server_error") from e
+            finally:
+                s.timings["generate"] += time.perf_counter() - t0
+            cand = s.accept(gen, req, cut_by_budget=max_new < cap)
+        finish = (
+            "length"
+            if not self.renderer.is_stop(gen.token_ids[-1])
+            else ("tool_calls" if cand.message.tool_calls else "stop")
+        )
+        body_out = completion_body(
+            id=f"chatcmpl-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=self.config.model_name,
+            message=cand.message,
+            finish_reason=finish,
+            prompt_tokens=len(prompt),
+            completion_tokens=len(gen.token_ids),
+        )
+        return req.stream, req.include_usage, body_out
+
+    def _check(self, gen: Any, max_new: int) -> Generation:
+        """What a policy must never return (engine-side wrong ids, pitfall §15.5)."""
+        vocab = self.renderer.vocab_size
+        if not isinstance(gen, Generation) or not gen.token_ids:
+            raise PolicyError(f"the policy returned {gen!r:.80}, not a non-empty Generation")
+        if len(gen.token_ids) > max_new:
+            raise PolicyError(f"the policy returned {len(gen.token_ids)} tokens, more than {max_new}")
+        if not all(isinstance(t, int) and 0 <= t < vocab for t in gen.token_ids):
+            raise PolicyError(f"the policy returned a token id outside the vocabulary [0, {vocab})")
+        if not all(isinstance(x, int | float) and math.isfinite(x) and x <= 1e-6 for x in gen.logprobs):
+            raise PolicyError("the policy returned a log-prob that is not a finite number <= 0")
+        if gen.finish_reason is FinishReason.STOP and not self.renderer.is_stop(gen.token_ids[-1]):
+            raise PolicyError(
+                f"the policy stopped on token {gen.token_ids[-1]}, which is not one of the renderer's stop "
+                f"tokens {self.renderer.stop_token_ids}; give both the same stop_token_ids"
+            )
+        return gen
+
+    # ------------------------------------------------------------------------------------------
+    async def finish(
+        self,
+        sid: str,
+        reward: float,
+        info: Mapping[str, Any] | None = None,
+        *,
+        wait: bool = True,
+        error: tuple[str, str] | None = None,
+        keep: bool = False,
+    ) -> tuple[Trajectory, ...]:
+        """Close session ``sid`` with ``reward``: build its trajectories, store and return them.
+
+        ``info``'s ``task_id`` and ``group_id`` (strings) set those meta fields; the rest goes to
+        ``meta.extra``. With ``wait=False`` (HTTP) a request still in flight is a 409; otherwise it is
+        waited for. ``error`` (kind, message) is recorded as an episode failure that is the model's business
+        (not infrastructure). With ``keep`` (a finish over HTTP) the trajectories are also kept for
+        :meth:`take_result`.
+        """
+        if not (isinstance(reward, int | float) and not isinstance(reward, bool) and math.isfinite(reward)):
+            raise GatewayError(400, f"the reward must be a finite number, got {reward!r}", param="reward")
+        s = self._session(sid, create=False)
+        if not wait and s.lock.locked():
+            raise GatewayError(
+                409,
+                f"session {sid!r} has a request in flight; finish it afterwards",
+                code="concurrent_request",
+            )
+        async with s.lock:
+            if error is not None:
+                s.errors.append(EpisodeFailure(error[0], error[1], s.turns, False))
+            trajs = await self._close(s, float(reward), dict(info or {}))
+        if keep:
+            self._results[sid] = trajs
+        return trajs
+
+    async def abort(
+        self, sid: str, kind: str, message: str, stop: StopReason = StopReason.ENV_ERROR
+    ) -> tuple[Trajectory, ...]:
+        """Close session ``sid`` as an infrastructure failure (recorded, never trained on)."""
+        s = self._session(sid, create=False)
+        async with s.lock:
+            s.fail(kind, message, stop)
+            return await self._close(s, 0.0, {})
+
+    def limit_reached(self, sid: str) -> StopReason | None:
+        """``MAX_TURNS`` or ``MAX_TOKENS`` when session ``sid``'s requests are being refused for a limit."""
+        s = self.sessions.get(sid)
+        seg = s.current if s is not None else None
+        if seg is not None and seg.closed in (StopReason.MAX_TURNS, StopReason.MAX_TOKENS):
+            return seg.closed
+        return None
+
+    def finished(self, sid: str) -> bool:
+        """True once session ``sid`` is finished (by anyone)."""
+        return sid in self._finished
+
+    def take_result(self, sid: str) -> tuple[Trajectory, ...]:
+        """The trajectories of a session the agent finished over HTTP (handed out once)."""
+        return self._results.pop(sid, ())
+
+    async def _close(self, s: Session, reward: float, info: dict[str, Any]) -> tuple[Trajectory, ...]:
+        if s.id in self._finished:
+            raise GatewayError(409, f"session {s.id!r} is already finished", code="session_finished")
+        task_id, group_id = info.pop("task_id", None), info.pop("group_id", None)
+        if isinstance(task_id, str) and task_id:
+            s.meta = dataclasses.replace(s.meta, task_id=task_id)
+        if isinstance(group_id, str) and group_id:
+            s.meta = dataclasses.replace(s.meta, group_id=group_id)
+        trajs = tuple(s.build(reward, extra=info))
+        # Writes first, bookkeeping after: a failed write leaves the session open to be finished again.
+        if self.store is not None:
+            for t in trajs:
+                await self.store.append(t)
+        self._finished.add(s.id)
+        self.sessions.pop(s.id, None)
+        return trajs
+
+    async def close(self) -> int:
+        """Record every open session that sampled something as cancelled (infra); return how many."""
+        n = 0
+        for sid, s in list(self.sessions.items()):
+            if s.turns or s.candidates:
+                await self.abort(
+                    sid, "Cancelled", "the gateway stopped before the session finished", StopReason.CANCELLED
+                )
+                n += 1
+            else:
+                self.sessions.pop(sid, None)
+        return n
+
+
+def _check_id(sid: str) -> None:
+    if not _SESSION_ID.match(sid):
+        raise GatewayError(
+            400,
+            f"session id {sid[:140]!r} must be 1-128 characters of A-Z a-z 0-9 . _ : -",
+            code="bad_session_id",
+        )

@@ -1,0 +1,210 @@
+"""Reproduce a training step from its record: advantages, loss and metrics recomputed, then compared."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl.chat import ChatRenderer
+from agentrl.errors import ConfigError
+from agentrl.groups import group_trajectories
+from agentrl.learner import Learner
+from agentrl.replay import Run
+from agentrl.trainers.pg import tokenizer_pad_id
+from agentrl.trainers.replay.weights import load_tokenizer_for, load_weights, train_config
+from agentrl.types import Trajectory
+from agentrl.update import policy_update, score_and_credit
+
+__all__ = ["MetricCheck", "StepReport", "reproduce_step", "step_advantages", "step_batch"]
+
+
+@dataclass(frozen=True)
+class MetricCheck:
+    """One metric of a step: recorded in ``metrics.jsonl`` vs recomputed now."""
+
+    name: str
+    """Metric name (``learn/loss``...)."""
+    recorded: float | None
+    """Value in ``metrics.jsonl`` (None: absent or non-finite)."""
+    recomputed: float
+    """Value recomputed from the record and the checkpoint."""
+    match: bool
+    """Within tolerance."""
+
+    @property
+    def abs_diff(self) -> float | None:
+        """|recorded − recomputed| (None when not comparable)."""
+        if self.recorded is None or not math.isfinite(self.recomputed):
+            return None
+        return abs(self.recorded - self.recomputed)
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """A training step recomputed from its recorded trajectories and the weights that sampled them."""
+
+    step: int
+    """The step."""
+    weights: str
+    """Which weights were used (checkpoint folder, or the rebuilt initial weights)."""
+    estimator: str
+    """Advantage estimator of the run."""
+    indices: tuple[int, ...]
+    """Positions (in the run) of the trajectories the step trained on, in batch order."""
+    episode_ids: tuple[str, ...]
+    """Their episode ids."""
+    advantages: tuple[tuple[float | None, ...], ...]
+    """Per trajectory, per token: the recomputed advantage (None off the model tokens)."""
+    checks: tuple[MetricCheck, ...]
+    """Recorded against recomputed metrics."""
+    device: str
+    """Where it was recomputed."""
+
+    @property
+    def matches(self) -> bool:
+        """Every recorded metric was reproduced."""
+        return all(c.match for c in self.checks)
+
+    def advantages_of(self, index: int) -> tuple[float | None, ...] | None:
+        """Advantages of the trajectory at run position ``index`` (None if it was not in the batch)."""
+        try:
+            return self.advantages[self.indices.index(index)]
+        except ValueError:
+            return None
+
+
+def step_batch(run: Run, step: int) -> tuple[list[int], list[int]]:
+    """``(all, trained)``: run positions of the step's trajectories (those the trainer counted in its
+    episode metrics) and, among them, the ones it trained on (infra failures dropped), in batch order.
+
+    The trainer uses every *complete* group of the step (a resumed step re-runs incomplete ones, whose
+    leftovers stay in the file but were never trained on).
+    """
+    group_size = train_config(run).group_size if run.run_dir is not None else None
+    members: dict[str, list[int]] = {}
+    for i, t in enumerate(run.trajectories):
+        if t.meta.step == step:
+            members.setdefault(t.meta.group_id, []).append(i)
+    if not members:
+        raise ConfigError(f"no trajectory of step {step} in {run.trajectories_path}")
+    keep = {g for g, ix in members.items() if group_size is None or len(ix) == group_size}
+    all_idx = [i for i, t in enumerate(run.trajectories) if t.meta.step == step and t.meta.group_id in keep]
+    # The trainer's rows: groups in the order they completed, members in finishing order (= file order).
+    pos = {id(run.trajectories[i]): i for i in all_idx}
+    groups = group_trajectories(run.trajectories[i] for i in all_idx)
+    trained = [pos[id(t)] for g in groups for t in g if not t.infra_failure]
+    return all_idx, trained
+
+
+def _pad_id(tokenizer: Any) -> int:
+    return tokenizer_pad_id(ChatRenderer(tokenizer))
+
+
+def _per_token(adv_B_T: Any, trajs: Sequence[Trajectory]) -> tuple[tuple[float | None, ...], ...]:
+    rows = adv_B_T.detach().float().cpu().tolist()
+    return tuple(
+        tuple(rows[b][i] if t.loss_mask[i] == 1 else None for i in range(len(t.token_ids)))
+        for b, t in enumerate(trajs)
+    )
+
+
+def step_advantages(
+    run: Run, step: int, *, device: str | None = None, dtype: str | None = None, tokenizer: Any = None
+) -> dict[int, tuple[float | None, ...]]:
+    """Per-token advantages of step ``step``, recomputed with the run's estimator, by run position.
+
+    ``otb`` needs the weights that sampled the step (log π and Σπ²); the other estimators only need the
+    rewards, but the same path is used so the numbers are exactly the trainer's.
+    """
+    if run.run_dir is None:
+        raise ConfigError("advantages need a run directory (config.json says which estimator the run used)")
+    cfg = train_config(run)
+    _all, trained = step_batch(run, step)
+    if not trained:
+        return {}
+    model, _ = load_weights(run, step, device=device, dtype=dtype)
+    tok = tokenizer if tokenizer is not None else load_tokenizer_for(run)
+    credit = score_and_credit(
+        Learner(model, cfg.learner),
+        list(group_trajectories(run.trajectories[i] for i in trained)),
+        estimator=cfg.estimator,
+        pad_id=_pad_id(tok),
+    )
+    per = _per_token(credit.advantages_B_T, [run.trajectories[i] for i in trained])
+    return dict(zip(trained, per, strict=True))
+
+
+def _close(a: float | None, b: float, rtol: float, atol: float) -> bool:
+    if a is None:
+        return not math.isfinite(b)
+    if not math.isfinite(b):
+        return False
+    return math.isclose(a, b, rel_tol=rtol, abs_tol=atol)
+
+
+def reproduce_step(
+    run: Run,
+    step: int,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    rtol: float = 1e-4,
+    atol: float = 1e-6,
+    tokenizer: Any = None,
+) -> StepReport:
+    """Recompute training step ``step`` exactly as the trainer did and compare with ``metrics.jsonl``.
+
+    From the recorded trajectories of the step (complete groups, infra failures dropped) and the weights
+    that sampled them (``checkpoints/step-<step>``, or the rebuilt initial weights for step 0): collate →
+    ``Learner.score`` (log π, Σπ²) → the run's advantage estimator → ``Learner.step``'s loss and gradient
+    norm (before the optimizer moves anything) → the variance proxies. Raises :class:`StoreError` when the
+    checkpoint was rotated away, :class:`ConfigError` when the step has no metrics or trajectories.
+    """
+    if run.run_dir is None:
+        raise ConfigError(f"{run.path} is not a run directory (no config.json); --step needs one")
+    cfg = train_config(run)
+    row = run.metrics_row(step)
+    if row is None:
+        have = sorted({int(r["step"]) for r in run.metrics if "step" in r})
+        raise ConfigError(f"metrics.jsonl has no row for step {step} (steps logged: {have})")
+    all_idx, trained = step_batch(run, step)
+    tok = tokenizer if tokenizer is not None else load_tokenizer_for(run)
+    if tok is None:
+        raise ConfigError("cannot tell the run's tokenizer; pass tokenizer=")
+    trajs_all = [run.trajectories[i] for i in all_idx]
+    ok = [t for t in trajs_all if not t.infra_failure]
+    got: dict[str, float] = {
+        "episodes/total": float(len(trajs_all)),
+        "episodes/infra_failures": float(len(trajs_all) - len(ok)),
+        "reward/mean": float(sum(t.reward for t in ok) / len(ok)) if ok else float("nan"),
+    }
+    weights, dev_s = "", ""
+    advantages: tuple[tuple[float | None, ...], ...] = ()
+    if trained:
+        model, weights = load_weights(run, step, device=device, dtype=dtype)
+        # The trainer's own update function, on the recorded episodes and the weights that sampled them.
+        learner = Learner(model, cfg.learner)
+        groups = list(group_trajectories(run.trajectories[i] for i in trained))
+        update = policy_update(learner, groups, estimator=cfg.estimator, pad_id=_pad_id(tok))
+        dev_s = str(learner.device)
+        got.update(update.metrics)
+        advantages = _per_token(update.credit.advantages_B_T, [run.trajectories[i] for i in trained])
+    checks = []
+    for name, value in got.items():
+        if name not in row:
+            continue
+        rec = row[name]
+        rec_f = None if rec is None else float(rec)
+        checks.append(MetricCheck(name, rec_f, float(value), _close(rec_f, float(value), rtol, atol)))
+    return StepReport(
+        step,
+        weights or "(no trajectory to train on)",
+        str(cfg.estimator),
+        tuple(trained),
+        tuple(run.trajectories[i].meta.episode_id for i in trained),
+        advantages,
+        tuple(checks),
+        dev_s,
+    )
