@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 import agentrl
-from agentrl import JsonlStore, Sampling, TrajectoryMeta, read_trajectories
+from agentrl import JsonlStore, TrajectoryMeta, read_trajectories
 from agentrl.chat import ChatRenderer
 from agentrl.models import load_model, load_tokenizer, smollm2_dir
 from agentrl.policies import HFPolicy
@@ -49,7 +49,9 @@ async def record(seeds: list[int], samples: int, out: Path, concurrency: int, ma
     )
     cfg = RolloutConfig(
         max_turns=3,
-        sampling=Sampling(max_new_tokens=max_new_tokens, temperature=1.0, seed=1234),
+        max_new_tokens=max_new_tokens,
+        temperature=1.0,
+        seed=1234,
         max_total_tokens=1024,
         concurrency=concurrency,
         on_template_mismatch="stop",
@@ -65,10 +67,10 @@ async def record(seeds: list[int], samples: int, out: Path, concurrency: int, ma
         for s in todo:
             # A partial prompt from an interrupted chunk is redone whole (its group id differs anyway).
             meta = TrajectoryMeta(env_id=ENV, group_id=f"{ENV}:{s}:m{max_new_tokens}", policy_version=0)
-            async for traj in run_groups(
+            async for done_ep in run_groups(
                 make_env, policy, renderer, cfg, seeds=[s], group_size=samples, meta=meta
             ):
-                await store.append(traj)
+                await store.append(done_ep.trajectory)
                 n += 1
             print(f"seed {s}: {samples} episodes, {time.perf_counter() - t0:.0f}s so far", flush=True)
     store.close()

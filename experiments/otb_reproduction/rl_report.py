@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +22,36 @@ COLORS = {
 }
 
 
-def load_runs(root: Path, setting: str) -> dict[str, list[dict[str, Any]]]:
-    """Runs of one setting by configuration label (``otb-N4``...), sorted by seed."""
+def load_runs(
+    root: Path, setting: str, budget_of: Callable[[int], int] | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """Runs of one setting by configuration label (``otb-N4``...), sorted by seed; with ``budget_of``
+    (group size → token budget) each run is cut to its configuration's budget (:func:`truncate`)."""
     by: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for p in sorted((root / setting).glob("*.json")):
         r = json.loads(p.read_text())
+        if budget_of is not None:
+            r = truncate(r, budget_of(r["group_size"]))
         by[f"{r['estimator']}-N{r['group_size']}"].append(r)
     return {k: sorted(v, key=lambda r: r["seed"]) for k, v in by.items()}
+
+
+def truncate(run: dict[str, Any], budget: int) -> dict[str, Any]:
+    """The run as if it had stopped at ``budget`` generated tokens (a probe run that went on longer is
+    cut, so that its final success and censoring match the other seeds'); evaluations are on a shared
+    token grid, so the cut curve is exactly the one a shorter run would have logged."""
+    if run["setting"]["token_budget"] <= budget:
+        return run
+    curve = [c for c in run["curve"] if c["tokens"] < budget + EVAL_SLACK]
+    last = curve[-1]["tokens"]
+    steps = [s for s in run["steps"] if s["tokens"] <= last]
+    setting = {**run["setting"], "token_budget": budget}
+    return {**run, "curve": curve, "steps": steps, "setting": setting}
+
+
+EVAL_SLACK = 10_000
+"""A run evaluates at the first step that crosses a milestone, so logged token counts overshoot the
+milestone by less than one step's tokens (< 10k here)."""
 
 
 def tokens_to_target(

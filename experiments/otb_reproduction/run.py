@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ import torch  # noqa: E402
 import var_report  # noqa: E402
 import variance  # noqa: E402
 from pools import load_all, smollm2_pools, tiny_pools  # noqa: E402
-from train_tiny import sweep  # noqa: E402
+from train_tiny import Setting, sweep  # noqa: E402
 from warmstart import load_or_train  # noqa: E402
 
 ROOT = HERE.parents[1]
@@ -45,6 +46,11 @@ def warm_state(work: Path, k: int, quick: bool) -> dict[str, torch.Tensor]:
     path = work / f"warm-k{k}-slip{w.slip}-steps{w.steps}.pt"
     model = load_or_train(path, w.steps, ks=(w.k,), slip=w.slip)
     return model.state_dict()
+
+
+def budget_fn(setting: Setting, quick: bool) -> Callable[[int], int]:
+    """Group size → the token budget of its runs in ``setting``."""
+    return lambda n: setting.token_budget if quick else int(setting.token_budget * S.BUDGET_SCALE[n])
 
 
 def cmd_sweep(work: Path, name: str, quick: bool, seeds: list[int] | None) -> list[dict]:
@@ -59,7 +65,7 @@ def cmd_sweep(work: Path, name: str, quick: bool, seeds: list[int] | None) -> li
         for est, n in configs:
             st = setting
             if not quick:
-                budget = int(setting.token_budget * S.BUDGET_SCALE[n])
+                budget = budget_fn(setting, quick)(n)
                 st = replace(setting, token_budget=budget, milestones=budget // S.EVAL_EVERY)
             recs += sweep(work / "rl", st, [(est, n)], [seed], warm)
     return recs
@@ -189,7 +195,7 @@ def cmd_report(work: Path, out: Path, figs: Path, quick: bool) -> str:
     names = {"main": S.MAIN, "stress": S.STRESS}
     for key, setting in names.items():
         st = S.quick(setting) if quick else setting
-        runs = rl_report.load_runs(rl_root, st.name)
+        runs = rl_report.load_runs(rl_root, st.name, budget_fn(st, quick))
         if not runs:
             continue
         targets = S.TARGETS
@@ -230,10 +236,10 @@ def cmd_tables(work: Path, quick: bool) -> str:
     parts = []
     for setting in (S.MAIN, S.STRESS):
         st = S.quick(setting) if quick else setting
-        runs = rl_report.load_runs(work / "rl", st.name)
+        runs = rl_report.load_runs(work / "rl", st.name, budget_fn(st, quick))
         if runs:
             summ = rl_report.summarize_setting(runs, S.TARGETS)
-            at = [50_000, 150_000, 300_000, st.token_budget]
+            at = sorted({50_000, 150_000, 300_000, st.token_budget} if not quick else {st.token_budget})
             parts.append(f"### RL: {st.name}\n\n" + rl_report.markdown(summ, runs, at))
     for p in sorted((work / "variance").glob("*.json")):
         summ = json.loads(p.read_text())

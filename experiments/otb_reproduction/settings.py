@@ -44,8 +44,11 @@ per token and get more tokens to reach the target (a run that still misses it is
 WARM = {4: Warm(k=4, slip=0.10, steps=800)}
 """Slip rate chosen so the demonstrator itself succeeds ~15% of the time (0.9^17 critical digits)."""
 
-MAIN_CONFIGS = [("otb", 4), ("grpo", 4), ("grpo", 8), ("grpo", 16), ("grpo", 32), ("rloo", 4), ("opo", 4)]
-STRESS_CONFIGS = [("otb", 4), ("grpo", 4), ("rloo", 4), ("grpo", 32)]
+MAIN_CONFIGS = [("otb", 4), ("grpo", 32), ("grpo", 4), ("rloo", 4), ("opo", 4), ("grpo", 8), ("grpo", 16)]
+"""In the order a sweep runs them within one seed: the headline pair (OTB N = 4, GRPO N = 32) first."""
+STRESS_CONFIGS = [("otb", 4), ("grpo", 4), ("rloo", 4)]
+"""GRPO at N = 32 is left out of the stress sweep: at 2.4x the token budget it would cost as much as the
+three N = 4 configurations together, and the stress question is stability at equal group size."""
 SEEDS = [0, 1, 2, 3, 4]
 TARGETS = (0.5, 0.6, 0.7)
 """Held-out success levels for tokens-to-target; 0.7 is the headline (fixed before the sweep)."""

@@ -71,6 +71,58 @@ def one_run(out: Path, estimator: str, seed: int, steps: int, chunk: int) -> dic
     return rec
 
 
+def baseline(out: Path, chunk: int) -> dict:
+    """``agentrl eval`` of the untrained SmolLM2 (same tasks and settings as the trained runs)."""
+    report = out / "untrained-eval-report.json"
+    if not report.exists():
+        from agentrl.models import smollm2_dir
+
+        locked([sys.executable, __file__, "--eval", str(smollm2_dir()), str(report)], chunk)
+    return json.loads(report.read_text())
+
+
+def _step_tokens(m: dict) -> float:
+    return float(m.get("tokens/model_per_episode", 0.0)) * float(m.get("episodes/total", 0.0))
+
+
+def summarize(out: Path) -> dict:
+    """Every finished run under ``out``: held-out pass@1 per estimator (with the binomial standard error of
+    each evaluation) and the training reward per step."""
+    import numpy as np
+
+    runs: dict[str, list[dict]] = {}
+    for p in sorted(out.glob("*/eval.json")):
+        rec = json.loads(p.read_text())
+        ev = rec["eval"]
+        n = ev["tasks"] * ev["samples_per_task"] - ev["infra_failures"]
+        p1 = ev["pass_at_1"]
+        runs.setdefault(rec["estimator"], []).append(
+            {
+                "seed": rec["seed"],
+                "steps": rec["steps"],
+                "pass_at_1": p1,
+                "stderr": float(np.sqrt(p1 * (1 - p1) / max(n, 1))),
+                "episodes": n,
+                "train_reward": [m.get("reward/mean") for m in rec["metrics"]],
+                "model_tokens": float(
+                    sum(
+                        m.get("tokens/model_per_episode", 0) * m.get("episodes/total", 16)
+                        for m in rec["metrics"]
+                    )
+                ),
+                "grad_norm": [m.get("learn/grad_norm") for m in rec["metrics"]],
+            }
+        )
+    summary: dict = {"runs": runs}
+    for est, rs in runs.items():
+        x = np.array([r["pass_at_1"] for r in rs])
+        summary[est] = {"seeds": [r["seed"] for r in rs], "pass_at_1_mean": float(x.mean())}
+    untrained = out / "untrained-eval-report.json"
+    if untrained.exists():
+        summary["untrained"] = json.loads(untrained.read_text())
+    return summary
+
+
 def eval_only(model: str, out: str) -> None:
     """``agentrl eval``'s defaults (32 held-out tasks × 4, temperature 1), the report written as JSON."""
     import asyncio
@@ -98,6 +150,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--chunk", type=int, default=840, help="seconds per locked chunk (at most 900)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "otb-reproduction" / "smollm2-train")
+    ap.add_argument("--untrained", action="store_true", help="also evaluate the untrained model (last)")
     a = ap.parse_args()
     if a.chunk > 900:
         raise SystemExit("--chunk must be at most 900 seconds (never hold the heavy lock longer)")
@@ -106,6 +159,8 @@ def main() -> None:
         for est in a.estimators:
             rec = one_run(a.out, est, seed, a.steps, a.chunk)
             print(f"{est} seed {seed}: done ({rec['wall_s']:.0f}s)", flush=True)
+    if a.untrained:
+        print(f"untrained: pass@1 {baseline(a.out, a.chunk)['pass_at_1']:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ from fast_rollout import Vocab, group_rollout
 from tiny_task import build_tokenizer, sample_numbers
 from warmstart import held_out, success
 
+from agentrl.credit import estimator_config
+from agentrl.groups import group_trajectories
 from agentrl.learner import Learner, LearnerConfig
 from agentrl.update import policy_update
 
@@ -77,6 +79,9 @@ def run_one(
             chunk_size=4096,
         ),
     )
+    # The trainer's typed estimator with its defaults (``grpo`` divides by the group std, as verl's
+    # norm_adv_by_std_in_grpo).
+    est = estimator_config(estimator)
     prompt_rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(10_000 + seed)
     evals = held_out(setting.k, setting.eval_prompts)
@@ -96,7 +101,8 @@ def run_one(
     while next_mark < len(marks):
         prompts = [sample_numbers(prompt_rng, setting.k, "train") for _ in range(setting.prompts_per_step)]
         trajs = group_rollout(model, vocab, prompts, group_size, generator=gen, step=len(steps))
-        upd = policy_update(learner, trajs, estimator=estimator, pad_id=vocab.pad)
+        groups = list(group_trajectories(trajs, size=group_size))
+        upd = policy_update(learner, groups, estimator=est, pad_id=vocab.pad)
         n_tok = sum(t.num_model_tokens for t in trajs)
         tokens += n_tok
         m = upd.metrics
