@@ -165,12 +165,12 @@ def _end_turn(r: _Row, vocab: Vocab, max_turns: int) -> None:
         r.reward = float(ans is not None and int(ans) == sum(r.numbers))
         r.done = True
         return
-    if r.turns >= max_turns:  # ToolEnv: calls on the last allowed turn are not run
-        r.done, r.truncated, r.stop = True, True, StopReason.MAX_TURNS
-        return
     call = parsed.calls[0]
     result = add.fn(**json.loads(call.arguments))
     r.records.append(ToolRecord(call.id, "A", call.arguments, result, ToolStatus.OK, 0.0, r.turns - 1))
+    if r.turns >= max_turns:  # agentrl.rollout: the env ran the call, but the episode ends before its output
+        r.done, r.truncated, r.stop = True, True, StopReason.MAX_TURNS
+        return
     obs = [vocab.tool, *vocab.encode(result), vocab.eot]
     r.pieces.append(Piece(TokenSource.OBSERVATION, tuple(obs), r.turns - 1, len(r.messages)))
     r.pieces.append(Piece(TokenSource.TEMPLATE, (vocab.asst,), r.turns - 1))

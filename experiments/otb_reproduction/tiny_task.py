@@ -164,6 +164,9 @@ def turn_budget(k: int) -> int:
 class ChainSumEnv(ToolEnv):
     """chain-sum as an agentrl ToolEnv: K numbers, an ``add`` tool, reward 1 for the exact sum.
 
+    The turn limit is the rollout's: run it with ``RolloutConfig(max_turns=k + 1)``, as the fast sampler
+    does.
+
     Args:
         k: How many numbers to add (K − 1 tool calls, K model turns when done right).
         split: ``"train"`` or the held-out ``"test"``.
@@ -171,7 +174,6 @@ class ChainSumEnv(ToolEnv):
 
     def __init__(self, *, k: int = 4, split: str = "train", **kwargs: Any):
         self.k, self.split = k, split
-        kwargs.setdefault("max_turns", k + 1)
         super().__init__([add], parser=ChainParser(), tools_in_prompt=True, **kwargs)
 
     def make_task(self, options: dict[str, Any]) -> Task:

@@ -12,7 +12,6 @@ from fast_rollout import Vocab, sample_episodes
 from rl_report import tokens_to_target
 from tiny_task import ChainSumEnv, build_tokenizer, expert_turns, sample_numbers, tiny_policy, turn_budget
 
-from agentrl import Sampling
 from agentrl.chat import ChatRenderer
 from agentrl.learner import forward_logprobs
 from agentrl.rollout import RolloutConfig, run_episode
@@ -32,10 +31,11 @@ def _scripts(vocab, nums):
     wrong[2] = [*vocab.encode(f"R{nums[0] + nums[1] + 1}"), vocab.eot]
     cut = [*good[:1], [*vocab.encode("[" + "1" * (turn_budget(len(nums)) + 5))]]  # never ends its turn
     junk = [*good[:2], [*vocab.encode("R"), vocab.eot]]  # a final turn without a number
-    return {"good": good, "wrong": wrong, "cut": cut, "junk": junk}
+    loop = [good[0]] * 4  # keeps calling the tool until the turn limit
+    return {"good": good, "wrong": wrong, "cut": cut, "junk": junk, "loop": loop}
 
 
-@pytest.mark.parametrize("case", ["good", "wrong", "cut", "junk"])
+@pytest.mark.parametrize("case", ["good", "wrong", "cut", "junk", "loop"])
 def test_fast_sampler_reproduces_agentrl_rollout_token_for_token(tiny_tok, case):
     vocab = Vocab.of(tiny_tok)
     env = ChainSumEnv(k=3)
@@ -43,7 +43,7 @@ def test_fast_sampler_reproduces_agentrl_rollout_token_for_token(tiny_tok, case)
     nums = [int(x) for x in info["numbers"].split()]
     script = _scripts(vocab, nums)[case]
     renderer = ChatRenderer(tiny_tok)
-    cfg = RolloutConfig(max_turns=4, sampling=Sampling(max_new_tokens=turn_budget(3)), audit=True)
+    cfg = RolloutConfig(max_turns=4, max_new_tokens=turn_budget(3), audit=True)
     ref = asyncio.run(run_episode(env, ScriptedPolicy(script, stop_ids=[vocab.eot]), renderer, cfg, seed=5))
     model = tiny_policy(len(tiny_tok), hidden=16, layers=1)
     (fast,), rewards = sample_episodes(
