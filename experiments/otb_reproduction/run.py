@@ -31,6 +31,7 @@ import numpy as np  # noqa: E402
 import rl_report  # noqa: E402
 import settings as S  # noqa: E402
 import torch  # noqa: E402
+import train_smollm2  # noqa: E402
 import var_report  # noqa: E402
 import variance  # noqa: E402
 from pools import load_all, smollm2_pools, tiny_pools  # noqa: E402
@@ -201,6 +202,9 @@ def cmd_report(work: Path, out: Path, figs: Path, quick: bool) -> str:
         targets = S.TARGETS
         rl_sum[key] = {"setting": st.__dict__, "configs": rl_report.summarize_setting(runs, targets)}
         rl_report.plot_curves(runs, figs / f"rl-{key}.png", f"chain-sum, setting '{st.name}'", 0.7)
+    transfer = work / "smollm2-train"
+    if transfer.exists():
+        rl_sum["smollm2_transfer"] = train_smollm2.summarize(transfer)
     _save(out / "rl.json", rl_sum)
     var_sum = {}
     for p in sorted((work / "variance").glob("*.json")):
@@ -241,10 +245,12 @@ def cmd_tables(work: Path, quick: bool) -> str:
             summ = rl_report.summarize_setting(runs, S.TARGETS)
             at = sorted({50_000, 150_000, 300_000, st.token_budget} if not quick else {st.token_budget})
             parts.append(f"### RL: {st.name}\n\n" + rl_report.markdown(summ, runs, at))
-    for p in sorted((work / "variance").glob("*.json")):
-        summ = json.loads(p.read_text())
-        if "table" not in summ:
-            continue
+    sets = {p.stem: json.loads(p.read_text()) for p in sorted((work / "variance").glob("*.json"))}
+    sets = {k: v for k, v in sets.items() if "table" in v}
+    for n in (4, 8):
+        parts.append("### variance at a glance\n\n" + var_report.compact_table(sets, n, PLOT_NAMES))
+    for name, summ in sets.items():
+        p = Path(name)
         parts.append(f"### variance: {p.stem} ({summ['pools']})")
         for metric, digits in (
             ("total_var_ratio", 2),
@@ -257,10 +263,41 @@ def cmd_tables(work: Path, quick: bool) -> str:
         parts.append(
             "proxy vs true norm (Spearman): "
             + "; ".join(
-                f"{k}: {var_report.fmt(v['spearman'])} ({v['tokens']} tokens)" for k, v in prox.items()
+                f"{k}: {var_report.fmt(v['spearman'])} ({v['tokens']} tokens)"
+                for k, v in prox.items()
+                if "spearman" in v
             )
+            + f"; log-log slope {prox['all'].get('loglog_slope', float('nan')):.2f}"
+            + f"; trajectory level: {prox.get('trajectory level')}"
         )
+    full = work / "variance" / "smollm2-proxy-full-sample.json"
+    if full.exists():
+        parts.append(
+            "SmolLM2 full-parameter check: "
+            + str({k: v for k, v in json.loads(full.read_text()).items() if k != "points"})
+        )
+    transfer = work / "smollm2-train"
+    if transfer.exists():
+        parts.append("### SmolLM2 transfer\n\n" + transfer_table(train_smollm2.summarize(transfer)))
     return "\n\n".join(parts)
+
+
+def transfer_table(summ: dict) -> str:
+    """Markdown: held-out pass@1 of every SmolLM2 run (± the binomial standard error of its evaluation)."""
+    lines = [
+        "| estimator | seed | steps | train reward by step | held-out pass@1 |",
+        "|---|---:|---:|---|---:|",
+    ]
+    for est, runs in summ["runs"].items():
+        for r in runs:
+            rew = " ".join(f"{x:.2f}" for x in r["train_reward"] if x is not None)
+            lines.append(
+                f"| {est} | {r['seed']} | {r['steps']} | {rew} | {r['pass_at_1']:.3f} ± {r['stderr']:.3f} |"
+            )
+    if "untrained" in summ:
+        u = summ["untrained"]
+        lines.append(f"| untrained | — | 0 | — | {u['pass_at_1']:.3f} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

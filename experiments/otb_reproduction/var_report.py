@@ -128,3 +128,19 @@ def markdown_table(summary: dict[str, Any], metric: str, names: Sequence[str], d
         cells = [fmt(summary["table"][str(n)][e][metric], digits) for n in Ns]
         lines.append(f"| {STYLE.get(e, ('', e))[1]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def compact_table(sets: dict[str, dict[str, Any]], n: int, names: Sequence[str]) -> str:
+    """One group size, every pool set side by side: total-variance ratio, projection-variance ratio and
+    signal-to-noise ratio to GRPO (each with its interval)."""
+    metrics = (("total_var_ratio", "tr Cov"), ("proj_var_ratio", "proj. var"), ("snr_ratio", "signal/noise"))
+    use = {k: v for k, v in sets.items() if str(n) in v.get("table", {})}
+    head = " | ".join(f"{lab}, {k}" for k in use for _, lab in metrics)
+    lines = [f"| estimator (N = {n}) | {head} |", "|---|" + "---:|" * (len(use) * len(metrics))]
+    for e in names:
+        cells = []
+        for summ in use.values():
+            row = summ["table"][str(n)]
+            cells += [fmt(row[e][m]) if e in row else "—" for m, _ in metrics]
+        lines.append(f"| {STYLE.get(e, ('', e))[1]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
