@@ -73,6 +73,6 @@ def quick(setting: Setting) -> Setting:
 QUICK_WARM = {4: Warm(k=4, slip=0.10, steps=400)}
 QUICK_CONFIGS = [("otb", 4), ("grpo", 4), ("grpo", 32)]
 QUICK_SEEDS = [0]
-QUICK_POOL = (2, 12)
+QUICK_POOL = (3, 16)
 QUICK_DRAWS = 64
 QUICK_BOOT = 4

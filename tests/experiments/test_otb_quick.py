@@ -20,17 +20,6 @@ LAST_LINE = re.compile(
 )
 
 
-def _finite_numbers(obj, path="$"):
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _finite_numbers(v, f"{path}.{k}")
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            yield from _finite_numbers(v, f"{path}[{i}]")
-    elif isinstance(obj, float):
-        yield path, obj
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_quick_mode_runs_and_writes_finite_results(tmp_path):
@@ -64,9 +53,16 @@ def test_quick_mode_runs_and_writes_finite_results(tmp_path):
         # The identity GRPO = (N-1)/N · RLOO holds draw by draw, so the variance ratio is exact.
         assert table["rloo"]["total_var_ratio"][0] == pytest.approx((4 / 3) ** 2, rel=1e-6)
         assert -1.0 <= summ["proxy"]["all"]["spearman"][0] <= 1.0
-    # Intervals may be NaN only where a bootstrap had nothing to resample; point estimates never.
-    for path, x in _finite_numbers({k: v["table"] for k, v in var.items()}):
-        if not path.endswith("[1]") and not path.endswith("[2]"):
-            assert math.isfinite(x), path
+    # Total variance is defined on every pool. The projection moments need a pool that splits into two
+    # halves with successes and failures each (cross-fitting), which a quick pool of 16 trajectories may
+    # not have: they are NaN then, but for every estimator alike (the split ignores the estimator).
+    for name, summ in var.items():
+        for n, row in summ["table"].items():
+            for est, cell in row.items():
+                for metric in ("total_var", "total_var_ratio"):
+                    assert math.isfinite(cell[metric][0]), (name, n, est, metric)
+            for metric in ("proj_mean", "proj_var", "snr"):
+                defined = {math.isfinite(cell[metric][0]) for cell in row.values()}
+                assert len(defined) == 1, (name, n, metric)
     for png in ("rl-main.png", "variance-ratios.png", "proxy-vs-true.png"):
         assert (report / "figures" / png).stat().st_size > 10_000
