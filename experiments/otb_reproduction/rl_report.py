@@ -79,10 +79,13 @@ def boot_mean(x: np.ndarray, rng: np.random.Generator, B: int = 2000) -> tuple[f
     return float(x.mean()), float(lo), float(hi)
 
 
-def _surge(g: np.ndarray, k: int = 10) -> float:
-    if len(g) < k:
+def _surge(g: np.ndarray, k: int = 10, early: int = 10) -> float:
+    """The largest ``k``-step mean gradient norm of a run over the median of its first ``early`` steps: how
+    far the norm rises above the run's own early level (a collapsed run's norm drops to 0 afterwards, so its
+    overall median would be no reference)."""
+    if len(g) < max(k, early):
         return float("nan")
-    return float(np.convolve(g, np.ones(k) / k, mode="valid").max() / max(np.median(g), 1e-12))
+    return float(np.convolve(g, np.ones(k) / k, mode="valid").max() / max(np.median(g[:early]), 1e-12))
 
 
 def summarize_setting(
@@ -105,8 +108,8 @@ def summarize_setting(
             "best_success": boot_mean(peaks, rng),
             "grad_norm_median": float(np.median(np.concatenate(finite))) if finite else float("nan"),
             "grad_norm_max": float(max((g.max() for g in finite if len(g)), default=float("nan"))),
-            # Surge: the largest 10-step mean of a run over its own median (advantage scales differ between
-            # estimators, e.g. GRPO's std normalisation, so absolute norms are not comparable).
+            # Surge relative to the run's own early level (advantage scales differ between estimators, e.g.
+            # GRPO's std normalisation, so absolute norms are not comparable).
             "grad_norm_surge": [float(_surge(g)) for g in finite],
             "nonfinite_steps": int(sum((~np.isfinite(g)).sum() for g in gn)),
             # Collapsed: ends below half of its best held-out success (the start counts as a best, so a run
@@ -236,7 +239,7 @@ def markdown(summary: dict[str, Any], runs: dict[str, list[dict[str, Any]]], at:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| config | grad norm median | grad norm max | surge (max 10-step mean / median), per seed "
+        "| config | grad norm median | grad norm max | surge (max 10-step mean / early median), per seed "
         "| collapsed runs | final success |",
         "|---|---:|---:|---|---:|---:|",
     ]
