@@ -92,7 +92,8 @@ def summarize_setting(
     runs: dict[str, list[dict[str, Any]]], targets: Sequence[float], ref: str = "otb-N4", seed: int = 0
 ) -> dict[str, Any]:
     """Per configuration: final and best held-out success, tokens-to-target per target (mean, interval,
-    censored count), the ratio to ``ref`` (paired by seed), grad-norm statistics and collapses."""
+    censored count), the ratios to ``ref`` and to GRPO at N = 32 (paired by seed; bootstrap over the common
+    seeds), grad-norm statistics and collapses."""
     rng = np.random.default_rng(seed)
     out: dict[str, Any] = {}
     ttt_by: dict[str, dict[float, dict[int, float]]] = {}
@@ -131,11 +132,13 @@ def summarize_setting(
             svals = [tokens_to_target(r["curve"], tg, len(r["steps"]), axis="step") for r in rs]
             cell["tokens_to_target"][str(tg)]["steps"] = boot_mean(np.array([v for v, _ in svals]), rng)
         out[label] = cell
-    if ref in ttt_by:
+    for r in (ref, "grpo-N32"):
+        if r not in ttt_by:
+            continue
         for label in out:
-            out[label]["ratio_to_" + ref] = {}
+            out[label]["ratio_to_" + r] = {}
             for tg in targets:
-                a, b = ttt_by[label][tg], ttt_by[ref][tg]
+                a, b = ttt_by[label][tg], ttt_by[r][tg]
                 common = sorted(set(a) & set(b))
                 if not common:
                     continue
@@ -146,7 +149,7 @@ def summarize_setting(
                     pick = rng.integers(0, len(common), size=len(common))
                     reps.append(xa[pick].mean() / xb[pick].mean())
                 lo, hi = np.percentile(reps, [2.5, 97.5])
-                out[label]["ratio_to_" + ref][str(tg)] = [float(xa.mean() / xb.mean()), float(lo), float(hi)]
+                out[label]["ratio_to_" + r][str(tg)] = [float(xa.mean() / xb.mean()), float(lo), float(hi)]
     return out
 
 
@@ -222,9 +225,9 @@ def markdown(summary: dict[str, Any], runs: dict[str, list[dict[str, Any]]], at:
         "",
         "| config | "
         + " | ".join(f"tokens to {t} (k)" for t in targets)
-        + " | vs otb-N4 at 0.7 | steps to 0.7 |",
+        + " | vs otb-N4 at 0.7 | vs grpo-N32 at 0.7 | steps to 0.7 |",
     ]
-    lines.append("|---|" + "---:|" * (len(targets) + 2))
+    lines.append("|---|" + "---:|" * (len(targets) + 3))
     for label in order:
         cells = []
         for t in targets:
@@ -232,8 +235,9 @@ def markdown(summary: dict[str, Any], runs: dict[str, list[dict[str, Any]]], at:
             m, lo, hi = (v / 1e3 for v in c["mean"])
             cens = f" ({c['censored']} censored)" if c["censored"] else ""
             cells.append(f"{m:.0f} [{lo:.0f}, {hi:.0f}]{cens}")
-        r = summary[label].get("ratio_to_otb-N4", {}).get("0.7")
-        cells.append("{:.2f} [{:.2f}, {:.2f}]".format(*r) if r else "—")
+        for ref in ("otb-N4", "grpo-N32"):
+            r = summary[label].get("ratio_to_" + ref, {}).get("0.7")
+            cells.append("{:.2f} [{:.2f}, {:.2f}]".format(*r) if r else "—")
         st = summary[label]["tokens_to_target"].get("0.7", {}).get("steps")
         cells.append("{:.0f} [{:.0f}, {:.0f}]".format(*st) if st else "—")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
