@@ -215,7 +215,6 @@ class HFPolicy:
             for t in p:
                 if not 0 <= t < self.vocab_size:
                     raise PolicyError(f"prompt token id {t} is outside the model's vocabulary")
-        version = self._version
         stops = frozenset(self.stop_token_ids)
         dev = self.device
         temps_B = torch.tensor([s.temperature for s in samplings], dtype=torch.float32, device=dev)
@@ -233,6 +232,8 @@ class HFPolicy:
         finish: list[FinishReason | None] = [None] * B
 
         with self.lock, torch.inference_mode():
+            # Read under the lock: load_weights swaps weights and version together under it.
+            version = self._version
             L = max(len(p) for p in prompts)
             ids_B_L = torch.full((B, L), self.pad_token_id, dtype=torch.long)
             attn_B_L = torch.zeros((B, L), dtype=torch.long)
