@@ -21,6 +21,7 @@ checkpoint and exit.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import importlib.util
 import math
@@ -43,12 +44,14 @@ from agentrl.config import config_to_dict
 from agentrl.credit import OTB, AdvantageEstimator, Estimator, estimator_config
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner, LearnerConfig
+from agentrl.learner.correction import Correction
 from agentrl.metrics import MetricsLogger
 from agentrl.models import model_folder, resolve_model
 from agentrl.policies import HFPolicy
 from agentrl.protocols import UpdatablePolicy, WeightSink, WeightUpdate
 from agentrl.rollout import RolloutConfig, run_groups
 from agentrl.run import ModelSpec, RunDir
+from agentrl.staleness import Admission, OnStale
 from agentrl.types import ToolStatus
 from agentrl.update import policy_update
 
@@ -111,6 +114,17 @@ class TrainConfig:
     """Write a checkpoint every this many steps (and at the end, and on SIGINT/SIGTERM)."""
     keep_checkpoints: int = 3
     """Checkpoints kept on disk (older ones are deleted; replay --step needs the one of that step)."""
+    max_staleness: int = 0
+    """Asynchronous training: the next steps' episodes run while the learner updates, and a trajectory may be
+    at most this many versions older than the learner that trains on it (0 = synchronous, lock-step).
+    See trainers/async_loop.py."""
+    on_stale: OnStale = "wait"
+    """With --max-staleness: a step waits for all its groups (wait) or drops those still running when the
+    learner is ready for it (drop; dropped groups are counted)."""
+    correction: Correction = field(default_factory=Correction)
+    """Off-policy correction of the update: truncated importance weights min(π_old/μ, cap) on the loss of
+    tokens older than the learner (and ρ̄² on OTB's energy); with --max-staleness 0 no token is stale and
+    the update is the synchronous one exactly."""
     loggers: tuple[str, ...] = ()
     """Extra metric sinks: tensorboard, wandb (metrics.jsonl is always written)."""
     progress: bool = True
@@ -140,6 +154,24 @@ class TrainConfig:
                 f"({self.learner.temperature}) differ: the learner would score a distribution the "
                 "sampler never used. Set both."
             )
+        if (
+            isinstance(self.max_staleness, bool)
+            or not isinstance(self.max_staleness, int)
+            or self.max_staleness < 0
+        ):
+            raise ConfigError(f"--max-staleness must be an integer >= 0, got {self.max_staleness!r}")
+        if self.correction.mode == "bypass" and self.estimator.needs_policy_stats:
+            raise ConfigError(
+                "--correction.mode bypass skips the learner's scoring pass, which is what gives "
+                f"{self.estimator} its Σπ²; use --correction.mode tis (the default) or an estimator without "
+                "it (grpo, rloo, opo)"
+            )
+        if self.max_staleness > 0:
+            Admission(self.max_staleness, self.groups_per_step, on_stale=self.on_stale)  # validates on_stale
+            if self.agent is not None:
+                raise ConfigError("--max-staleness > 0 does not run --agent (gateway) episodes yet; use 0")
+        elif self.on_stale != "wait":
+            raise ConfigError("--on-stale drop needs --max-staleness >= 1")
         if self.resume is not None and self.out is not None and Path(self.out) != Path(self.resume):
             raise ConfigError("--resume continues a run in place; do not also pass a different --out")
 
@@ -171,6 +203,8 @@ def make_policy(
     if kind == "auto":
         kind = "vllm" if device.type == "cuda" and importlib.util.find_spec("vllm") is not None else "hf"
     if kind == "vllm":
+        if cfg.max_staleness > 0:
+            raise ConfigError("--max-staleness > 0 samples with the HF policy for now; pass --policy hf")
         if device.type != "cuda":
             raise ConfigError("--policy vllm needs --device cuda")
         from agentrl.policies import VLLMPolicy
@@ -324,8 +358,14 @@ class _Session:
     """With --agent: the AgentRunner that produces each step's groups through the gateway."""
 
 
-async def train(cfg: TrainConfig) -> Path:
-    """Run the training loop; return the run directory."""
+async def train(
+    cfg: TrainConfig, *, sampler: UpdatablePolicy | None = None, overlap: bool | None = None
+) -> Path:
+    """Run the training loop; return the run directory. ``sampler`` replaces the policy the config would
+    build (tests, custom backends); it gets the learner's weights through ``load_weights`` after each
+    step. ``overlap`` runs the asynchronous loop (default: when ``max_staleness > 0``); at S = 0 it trains
+    exactly as the synchronous loop does, which the tests check."""
+    overlap = cfg.max_staleness > 0 if overlap is None else overlap
     from agentrl.sandbox import LocalSandbox, SandboxPool
 
     cfg, run = prepare_run(cfg)
@@ -342,7 +382,15 @@ async def train(cfg: TrainConfig) -> Path:
     if ckpt is not None:
         start = load_checkpoint(ckpt, model=model, optimizer=learner.optimizer).step
         print(f"resumed {run_dir} at step {start} from {ckpt.path.name}")
-    policy = make_policy(cfg, model, tokenizer, renderer, device, version=start)
+    if sampler is not None:
+        policy = sampler
+        if policy.version < start:  # a resumed run: the sampler starts from the checkpoint's weights
+            await publish_weights(policy, model, start)
+    else:
+        # Asynchronous: the learner trains in a thread while episodes sample, so the sampler needs weights
+        # of its own (published between turns); synchronous: it shares the learner's model object.
+        sampler_model = copy.deepcopy(model) if overlap else model
+        policy = make_policy(cfg, sampler_model, tokenizer, renderer, device, version=start)
     store = JsonlStore(run.trajectories_path)
     metrics = MetricsLogger(run_dir, backends=cfg.loggers, config=config_to_dict(cfg))
     metrics.truncate_from(start)
@@ -375,10 +423,8 @@ async def train(cfg: TrainConfig) -> Path:
                 first_step=start,
                 agent=agent,
             )
-            for step in range(start, cfg.steps):
-                done = await _train_step(session, step)
-                if not done:
-                    break
+
+            def after_step(step: int) -> None:
                 if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
                     save_checkpoint(
                         run,
@@ -388,6 +434,17 @@ async def train(cfg: TrainConfig) -> Path:
                         state=CheckpointState(step + 1, step + 1, {"next_step": step + 1}),
                         keep=cfg.keep_checkpoints,
                     )
+
+            if overlap:
+                from agentrl.trainers.async_loop import train_async
+
+                step = await train_async(session, after_step)
+            else:
+                for step in range(start, cfg.steps):
+                    done = await _train_step(session, step)
+                    if not done:
+                        break
+                    after_step(step)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
@@ -457,7 +514,13 @@ async def _train_step(s: _Session, step: int) -> bool:
     row["episodes/reused"] = float(reused)
     if usable:
         update = await asyncio.to_thread(
-            policy_update, learner, usable, estimator=cfg.estimator, pad_id=tokenizer_pad_id(s.renderer)
+            policy_update,
+            learner,
+            usable,
+            estimator=cfg.estimator,
+            pad_id=tokenizer_pad_id(s.renderer),
+            correction=cfg.correction,
+            learner_version=step,
         )
         row.update(update.metrics)
     else:

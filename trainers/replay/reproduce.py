@@ -80,7 +80,7 @@ def step_batch(run: Run, step: int) -> tuple[list[int], list[int]]:
     episode metrics) and, among them, the ones it trained on (infra failures dropped), in batch order.
 
     The trainer uses every *complete* group of the step (a resumed step re-runs incomplete ones, whose
-    leftovers stay in the file but were never trained on).
+    leftovers stay in the file but were never trained on), the last one of each task.
     """
     group_size = train_config(run).group_size if run.run_dir is not None else None
     members: dict[str, list[int]] = {}
@@ -90,6 +90,12 @@ def step_batch(run: Run, step: int) -> tuple[list[int], list[int]]:
     if not members:
         raise ConfigError(f"no trajectory of step {step} in {run.trajectories_path}")
     keep = {g for g, ix in members.items() if group_size is None or len(ix) == group_size}
+    # A task sampled twice for one step (an asynchronous run resumed: a group sampled by weights the resumed
+    # run no longer had is sampled again) was trained on its last complete group.
+    last: dict[str, str] = {}
+    for g in sorted(keep, key=lambda g: members[g][-1]):
+        last[run.trajectories[members[g][0]].meta.task_id or g] = g
+    keep = set(last.values())
     all_idx = [i for i, t in enumerate(run.trajectories) if t.meta.step == step and t.meta.group_id in keep]
     # The trainer's rows: groups in the order they completed, members in finishing order (= file order).
     pos = {id(run.trajectories[i]): i for i in all_idx}
@@ -131,6 +137,8 @@ def step_advantages(
         list(group_trajectories(run.trajectories[i] for i in trained)),
         estimator=cfg.estimator,
         pad_id=_pad_id(tok),
+        correction=cfg.correction,
+        learner_version=step,
     )
     per = _per_token(credit.advantages_B_T, [run.trajectories[i] for i in trained])
     return dict(zip(trained, per, strict=True))
@@ -157,7 +165,8 @@ def reproduce_step(
     """Recompute training step ``step`` exactly as the trainer did and compare with ``metrics.jsonl``.
 
     From the recorded trajectories of the step (complete groups, infra failures dropped) and the weights
-    that sampled them (``checkpoints/step-<step>``, or the rebuilt initial weights for step 0): collate →
+    the learner held when it trained them (``checkpoints/step-<step>``, or the rebuilt initial weights for step
+    0; in a synchronous run these also sampled them): collate →
     ``Learner.score`` (log π, Σπ²) → the run's advantage estimator → ``Learner.step``'s loss and gradient
     norm (before the optimizer moves anything) → the variance proxies. Raises :class:`StoreError` when the
     checkpoint was rotated away, :class:`ConfigError` when the step has no metrics or trajectories.
@@ -187,7 +196,16 @@ def reproduce_step(
         # The trainer's own update function, on the recorded episodes and the weights that sampled them.
         learner = Learner(model, cfg.learner)
         groups = list(group_trajectories(run.trajectories[i] for i in trained))
-        update = policy_update(learner, groups, estimator=cfg.estimator, pad_id=_pad_id(tok))
+        # An asynchronous step: μ (the recorded log-probs), each turn's version (staleness) and the run's
+        # correction give the same ρ̄; the checkpoint of the step is the learner's π_old.
+        update = policy_update(
+            learner,
+            groups,
+            estimator=cfg.estimator,
+            pad_id=_pad_id(tok),
+            correction=cfg.correction,
+            learner_version=step,
+        )
         dev_s = str(learner.device)
         got.update(update.metrics)
         advantages = _per_token(update.credit.advantages_B_T, [run.trajectories[i] for i in trained])
