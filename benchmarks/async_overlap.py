@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import hashlib
 import os
 import platform
@@ -122,14 +121,15 @@ def main() -> None:
     lines = [
         "# Asynchronous overlap",
         "",
-        "`benchmarks/async_overlap.py`: the real trainer on the tiny model, local runtime (one process; not",
-        "Ray), sleep-bound generation (a scripted policy sleeping per turn, one-turn episodes) and a learner",
-        "step of similar duration (the tiny model's real update plus a sleep). S = 0 is the synchronous loop;",
-        "S >= 1 the asynchronous loop (`trainers/async_loop.py`). Means over steps 1.. (step 0 warms up).",
+        "`benchmarks/async_overlap.py`: the real trainer on the tiny model, local runtime (one process;",
+        "not Ray), sleep-bound generation (a scripted policy sleeping per turn, one-turn episodes) and a",
+        "learner step of similar duration (the tiny model's real update plus a sleep). S = 0 is the",
+        "synchronous loop; S >= 1 the asynchronous loop (`trainers/async_loop.py`). Means over steps 1..",
+        "(step 0 warms up).",
         "Target (issue 13): S = 1 >= 1.6x the throughput of S = 0 (ceiling 2x).",
         "",
-        f"Settings: {args.groups} groups x {args.group_size} episodes per step, {args.steps} steps, generation "
-        f"{args.gen_s} s per turn, learner sleep {args.learn_sleep_s} s per step. Machine: "
+        f"Settings: {args.groups} groups x {args.group_size} episodes per step, {args.steps} steps, "
+        f"generation {args.gen_s} s per turn, learner sleep {args.learn_sleep_s} s per step. Machine: "
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; 1-minute load "
         f"average {load:.1f} at the end (other jobs may share the machine).",
         "",

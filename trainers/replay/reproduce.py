@@ -165,8 +165,8 @@ def reproduce_step(
     """Recompute training step ``step`` exactly as the trainer did and compare with ``metrics.jsonl``.
 
     From the recorded trajectories of the step (complete groups, infra failures dropped) and the weights
-    the learner held when it trained them (``checkpoints/step-<step>``, or the rebuilt initial weights for step
-    0; in a synchronous run these also sampled them): collate →
+    the learner held when it trained them (``checkpoints/step-<step>``, or the rebuilt initial weights for
+    step 0; in a synchronous run these also sampled them): collate →
     ``Learner.score`` (log π, Σπ²) → the run's advantage estimator → ``Learner.step``'s loss and gradient
     norm (before the optimizer moves anything) → the variance proxies. Raises :class:`StoreError` when the
     checkpoint was rotated away, :class:`ConfigError` when the step has no metrics or trajectories.
