@@ -53,7 +53,8 @@ class Correction:
     """Give ρ̄ = 0 to a trajectory whose geometric-mean ratio π_old/μ over its corrected tokens is below
     this (None = no lower bound)."""
     seq_mask_high: float | None = None
-    """... or above this (None = no upper bound)."""
+    """Give ρ̄ = 0 to a trajectory whose geometric-mean ratio π_old/μ over its corrected tokens is above
+    this (None = no upper bound)."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("tis", "bypass", "off"):
