@@ -11,7 +11,11 @@ SECTIONS = [
     ("sandbox", "`benchmarks/sandbox.py`", "stateful vs fresh process, one-shot throughput, 64 sessions"),
     ("credit", "`benchmarks/credit.py`", "OTB vectorised vs loop; chunked log-prob + Σπ² memory and speed"),
     ("gateway", "`benchmarks/gateway.py`", "recording gateway vs the bare policy call (target ≤ 2 ms p50)"),
-    ("async", "`benchmarks/async_overlap.py`", "async training: step time at S = 0, 1, 2 (target S = 1 ≥ 1.6x)"),
+    (
+        "async",
+        "`benchmarks/async_overlap.py`",
+        "async training: step time at S = 0, 1, 2 (target S = 1 ≥ 1.6x)",
+    ),
 ]
 
 
