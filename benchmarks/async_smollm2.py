@@ -89,9 +89,10 @@ def main() -> None:
         "# Asynchronous training, a real run",
         "",
         "`benchmarks/async_smollm2.py`: `agentrl train` on the default (SmolLM2-135M-Instruct,",
-        f"math-tir-arith-v0, OTB), {args.groups} groups x {args.group_size} episodes per step, {args.steps} steps,",
-        f"`--rollout.max-new-tokens {args.max_new_tokens}`, seed 0, `--max-staleness 0` and `1`, one after the",
-        f"other on a 2-core CPU (1-minute load average {os.getloadavg()[0]:.1f} at the end; shared machine).",
+        f"math-tir-arith-v0, OTB), {args.groups} groups x {args.group_size} episodes per step, "
+        f"{args.steps} steps, `--rollout.max-new-tokens {args.max_new_tokens}`, seed 0, `--max-staleness 0`",
+        "and `1`, one after the other on a 2-core CPU (1-minute load average "
+        f"{os.getloadavg()[0]:.1f} at the end; shared machine).",
         "Curves: `docs/async_smollm2.png`.",
         "",
         "| S | wall s | mean step s | learner idle | max staleness | mean reward | mean grad norm | "
