@@ -17,8 +17,9 @@ full batches the two coincide). Step k trains on the finished groups of step k: 
 (the default) the learner waits for all of them, so training is the synchronous trainer's exactly when
 S = 0; with ``"drop"`` it does not wait for stragglers (groups of step k still running when the learner is
 ready are dropped and counted; the step waits only for its first group). A finished group whose oldest
-token is more than S versions old (possible only for groups this controller did not lease, e.g. read back
-from disk) is dropped too. The largest staleness trained on is reported and never exceeds S.
+token is more than S versions old (possible only when its tokens are older than its lease, e.g. a group
+read back from an earlier process) is dropped too. The largest staleness trained on is reported and
+never exceeds S.
 """
 
 from __future__ import annotations
@@ -183,17 +184,6 @@ class Admission:
             raise ConfigError(f"group {lease.index} is not in flight (finished twice, or never leased)")
         self._done[lease.index] = (lease, oldest_version)
         self._order.append(lease.index)
-
-    def adopt(self, step: int, slot: int, oldest_version: int) -> Lease:
-        """Count a group of ``step`` that finished before this process started (a resumed run reads it
-        back from disk) as leased and finished. Adopt in data order, before any :meth:`lease`."""
-        lease = Lease(self._next, step, slot, oldest_version)
-        if step != self.next_step:
-            raise ConfigError(f"adopted group of step {step} out of order (next step is {self.next_step})")
-        self._next += 1
-        self._done[lease.index] = (lease, oldest_version)
-        self._order.append(lease.index)
-        return lease
 
     def skip(self) -> Lease:
         """Account for the next group without running it (its step will train without it)."""
