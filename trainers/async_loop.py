@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from agentrl import TrajectoryGroup, TrajectoryMeta, read_groups
@@ -38,7 +38,7 @@ from agentrl.update import policy_update
 if TYPE_CHECKING:
     from agentrl.trainers.pg import _Session
 
-__all__ = ["train_async"]
+__all__ = ["GroupRunner", "local_group_runner", "train_async"]
 
 
 def _reusable_groups(s: _Session) -> dict[str, TrajectoryGroup]:
@@ -56,10 +56,38 @@ def _reusable_groups(s: _Session) -> dict[str, TrajectoryGroup]:
     return out
 
 
-async def train_async(s: _Session, after_step: Callable[[int], None]) -> int:
+GroupRunner = Callable[[int, TrajectoryMeta], Awaitable[TrajectoryGroup]]
+"""Runs one group of episodes: ``(task seed, meta) -> group``, storing each trajectory as it finishes. The
+local runner is :func:`local_group_runner`; a distributed runtime hands the group to its rollout workers."""
+
+
+def local_group_runner(s: _Session) -> GroupRunner:
+    """Groups run in this process with ``s.policy``, every trajectory appended to the run's store as it
+    finishes (on disk before anything else)."""
+    assert s.make_env is not None, "the asynchronous loop runs native episodes (no --agent)"
+    make_env, cfg = s.make_env, s.cfg
+
+    async def run(seed: int, meta: TrajectoryMeta) -> TrajectoryGroup:
+        group = None
+        events = run_groups(
+            make_env, s.policy, s.renderer, cfg.rollout, seeds=(seed,), group_size=cfg.group_size, meta=meta
+        )
+        async for done in events:
+            await s.store.append(done.trajectory)
+            if done.group is not None:
+                group = done.group
+        assert group is not None
+        return group
+
+    return run
+
+
+async def train_async(
+    s: _Session, after_step: Callable[[int], None], run_group: GroupRunner | None = None
+) -> int:
     """Train steps ``s.first_step`` .. ``cfg.steps − 1`` with generation overlapping learning; call
     ``after_step(k)`` after each (checkpointing). Returns the next step to train: ``cfg.steps``, or the
-    step during which a stop was requested."""
+    step during which a stop was requested. ``run_group`` runs one group (default: in this process)."""
     from agentrl.trainers.pg import (
         _format_row,
         episode_metrics,
@@ -69,8 +97,7 @@ async def train_async(s: _Session, after_step: Callable[[int], None]) -> int:
     )
 
     cfg, policy, learner = s.cfg, s.policy, s.learner
-    assert s.make_env is not None, "the asynchronous loop runs native episodes (no --agent)"
-    make_env = s.make_env
+    runner = run_group or local_group_runner(s)
     B = cfg.groups_per_step
     adm = Admission(cfg.max_staleness, B, on_stale=cfg.on_stale, start_step=s.first_step, end_step=cfg.steps)
     reuse = _reusable_groups(s)
@@ -83,15 +110,7 @@ async def train_async(s: _Session, after_step: Callable[[int], None]) -> int:
     async def run_one(lease: Lease, seed: int) -> None:
         try:
             meta = TrajectoryMeta(env_id=cfg.env, step=lease.step, policy_version=policy.version)
-            group = None
-            events = run_groups(
-                make_env, policy, s.renderer, cfg.rollout, seeds=(seed,), group_size=cfg.group_size, meta=meta
-            )
-            async for done in events:
-                await s.store.append(done.trajectory)  # on disk before anything else
-                if done.group is not None:
-                    group = done.group
-            assert group is not None
+            group = await runner(seed, meta)
             results[lease.index] = group
             adm.complete(lease, oldest_version(group))
         except asyncio.CancelledError:
