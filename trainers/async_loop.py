@@ -20,6 +20,12 @@ The data order is the synchronous trainer's (step k trains the tasks ``task_seed
 would be the synchronous trainer exactly (the tests run this loop at S = 0 and compare). A resumed run
 reuses the complete groups on disk of its steps that were sampled by weights it still has (versions ≤ the
 checkpoint's) and resamples the rest; the admission check drops anything beyond the bound.
+
+A distributed runtime keeps this loop and replaces two things: ``run_group`` (a :data:`GroupRunner` that
+hands the group to a rollout worker and stores its trajectories) and ``s.policy`` (a
+:class:`~agentrl.protocols.UpdatablePolicy` whose ``load_weights`` reaches every inference server, each
+applying it between requests and stamping ``Generation.policy_version``). A group retried on another worker
+keeps its lease; one that is given up is ``Admission.release``-d (counted as dropped).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,13 +12,14 @@ from agentrl.chat import ChatRenderer
 from agentrl.errors import ConfigError
 from agentrl.groups import group_trajectories
 from agentrl.learner import Learner
+from agentrl.learner.correction import Correction
 from agentrl.replay import Run
 from agentrl.trainers.pg import tokenizer_pad_id
 from agentrl.trainers.replay.weights import load_tokenizer_for, load_weights, train_config
 from agentrl.types import Trajectory
 from agentrl.update import policy_update, score_and_credit
 
-__all__ = ["MetricCheck", "StepReport", "reproduce_step", "step_advantages", "step_batch"]
+__all__ = ["MetricCheck", "StepReport", "reproduce_step", "run_correction", "step_advantages", "step_batch"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,15 @@ def step_batch(run: Run, step: int) -> tuple[list[int], list[int]]:
     return all_idx, trained
 
 
+def run_correction(run: Run) -> Correction | None:
+    """The off-policy correction the run trained with; None for a run recorded before corrections
+    existed (its ``config.json`` has no ``correction``: its updates had none)."""
+    if run.run_dir is None:
+        return None
+    raw = json.loads(run.run_dir.config_path.read_text())
+    return train_config(run).correction if "correction" in raw else None
+
+
 def _pad_id(tokenizer: Any) -> int:
     return tokenizer_pad_id(ChatRenderer(tokenizer))
 
@@ -137,7 +148,7 @@ def step_advantages(
         list(group_trajectories(run.trajectories[i] for i in trained)),
         estimator=cfg.estimator,
         pad_id=_pad_id(tok),
-        correction=cfg.correction,
+        correction=run_correction(run),
         learner_version=step,
     )
     per = _per_token(credit.advantages_B_T, [run.trajectories[i] for i in trained])
@@ -203,7 +214,7 @@ def reproduce_step(
             groups,
             estimator=cfg.estimator,
             pad_id=_pad_id(tok),
-            correction=cfg.correction,
+            correction=run_correction(run),
             learner_version=step,
         )
         dev_s = str(learner.device)
