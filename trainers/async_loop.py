@@ -74,16 +74,16 @@ def local_group_runner(s: _Session) -> GroupRunner:
     make_env, cfg = s.make_env, s.cfg
 
     async def run(seed: int, meta: TrajectoryMeta) -> TrajectoryGroup:
-        group = None
         events = run_groups(
             make_env, s.policy, s.renderer, cfg.rollout, seeds=(seed,), group_size=cfg.group_size, meta=meta
         )
         async for done in events:
-            await s.store.append(done.trajectory)
+            await s.store.append(done.trajectory)  # a plain write: no suspension point
             if done.group is not None:
-                group = done.group
-        assert group is not None
-        return group
+                # Return at once: no await between the group's last line on disk and the caller's
+                # bookkeeping, so a group cancelled as a straggler is never complete on disk.
+                return done.group
+        raise RuntimeError(f"the rollout of task {seed} ended without completing its group")
 
     return run
 

@@ -201,3 +201,18 @@ def test_bad_async_settings_are_refused(tmp_path):
     _cfg(tmp_path, "x", max_staleness=1, estimator=GRPO(), correction=Correction(mode="bypass"))
     with pytest.raises(ConfigError, match="agent"):
         _cfg(tmp_path, "x", max_staleness=1, agent="examples/agent.py:run")
+
+
+def test_drop_mode_drops_stragglers_within_the_bound(tmp_path, tok):
+    calls = iter(range(10**6))
+    # Every fifth turn is a straggler (2 s) while the others take 20 ms.
+    sink = _sampler(tok, delay_s=lambda: 2.0 if next(calls) % 5 == 4 else 0.02)
+    run = _run(_cfg(tmp_path, "drop", max_staleness=1, on_stale="drop", steps=4), sink)
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert all(r["staleness/max"] <= 1 for r in rows)
+    assert rows[-1]["async/groups_dropped_total"] == sum(r["async/groups_dropped"] for r in rows) > 0
+    assert all(r["episodes/total"] >= 3 for r in rows)  # at least one group of 3 per step
+    for k in range(4):  # replay finds the groups each step trained (dropped ones are incomplete)
+        report = reproduce_step(load_run(run), k, tokenizer=tok)
+        assert report.matches, [c for c in report.checks if not c.match]
