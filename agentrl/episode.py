@@ -335,6 +335,8 @@ class _Episode:
         extra = dict(meta.extra)
         if self.versions and max(self.versions) != min(self.versions):
             extra["policy_version_max"] = max(self.versions)
+            # The sampler took new weights between turns: record each turn's version (staleness, replay).
+            extra["turn_versions"] = ",".join(str(v) for v in self.versions)
         meta = dataclasses.replace(
             meta,
             env_id=meta.env_id or (env.spec_id or type(env).__name__),

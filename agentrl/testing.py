@@ -52,24 +52,34 @@ __all__ = [
 class ScriptedPolicy:
     """Returns canned turns in order (cycling), each with fixed per-token log-probs.
 
-    ``turns`` are token-id sequences; a callable ``turns(prompt_ids) -> ids`` is accepted too. A turn ends
-    with ``FinishReason.STOP`` when its last id is in ``stop_ids``; otherwise ``LENGTH``. Turns longer than
-    ``sampling.max_new_tokens`` are cut, as a real sampler would.
+    ``turns`` are token-id sequences; a callable ``turns(prompt_ids) -> ids`` is accepted too, and with
+    ``with_sampling=True`` a callable ``turns(prompt_ids, sampling) -> ids`` (a turn that depends on the
+    request's seed, like a real sampler's, but not on the order of calls). A turn ends with
+    ``FinishReason.STOP`` when its last id is in ``stop_ids``; otherwise ``LENGTH``. Turns longer than
+    ``sampling.max_new_tokens`` are cut, as a real sampler would. ``delay_s`` (seconds, or a function
+    returning them) is slept per turn, like a server's latency; the turn carries the version current when
+    it started.
     """
 
     def __init__(
         self,
-        turns: Sequence[Sequence[int]] | Callable[[Sequence[int]], Sequence[int]],
+        turns: Sequence[Sequence[int]] | Callable[..., Sequence[int]],
         *,
         stop_ids: Sequence[int] = (),
         logprob: float = -0.5,
         version: int = 0,
+        with_sampling: bool = False,
+        delay_s: float | Callable[[], float] = 0.0,
     ):
         if not callable(turns) and not turns:
             raise ConfigError("ScriptedPolicy needs at least one scripted turn")
         if logprob > 0:
             raise ConfigError(f"a log-prob must be <= 0, got {logprob}")
+        if with_sampling and not callable(turns):
+            raise ConfigError("with_sampling=True needs turns to be a callable")
         self._turns = turns
+        self._with_sampling = with_sampling
+        self._delay = delay_s
         self._stop = frozenset(stop_ids)
         self._logprob = logprob
         self._version = version
@@ -88,13 +98,17 @@ class ScriptedPolicy:
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
         """The next scripted turn as a :class:`Generation` (recording the prompt in :attr:`calls`)."""
         self.calls.append(tuple(prompt_ids))
+        version = self._version
         if callable(self._turns):
-            ids = tuple(self._turns(prompt_ids))
+            ids = tuple(self._turns(prompt_ids, sampling) if self._with_sampling else self._turns(prompt_ids))
         else:
             ids = tuple(self._turns[(len(self.calls) - 1) % len(self._turns)])
+        delay = self._delay() if callable(self._delay) else self._delay
+        if delay > 0:
+            await asyncio.sleep(delay)
         ids = ids[: sampling.max_new_tokens]
         finish = FinishReason.STOP if ids and ids[-1] in self._stop else FinishReason.LENGTH
-        return Generation(ids, (self._logprob,) * len(ids), finish, self._version)
+        return Generation(ids, (self._logprob,) * len(ids), finish, version)
 
 
 class FakeSandbox:

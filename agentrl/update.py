@@ -3,6 +3,11 @@
 The trainer runs this once per step; replay (:func:`agentrl.trainers.replay.reproduce_step`) runs the very
 same function on the recorded trajectories and checkpoint, which is why a recorded step can be reproduced
 exactly.
+
+Asynchronous training passes a :class:`~agentrl.learner.correction.Correction` and the learner's version:
+the sampler's log-probs μ (recorded on the trajectories) and the scoring pass's π_old give each token's
+truncated importance weight ρ̄; the loss is weighted by it and OTB's energy by ρ̄² (otb-spec.md §3.5). Without
+a correction (the synchronous trainer) nothing changes.
 """
 
 from __future__ import annotations
@@ -10,13 +15,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from agentrl.batch import TokenBatch, collate
-from agentrl.credit import AdvantageEstimator, variance_proxy_metrics
+from agentrl.credit import AdvantageEstimator, optimal_token_baseline, variance_proxy_metrics
+from agentrl.errors import ConfigError
 from agentrl.groups import TrajectoryGroup
 from agentrl.learner import Learner, LearnerStats
+from agentrl.learner.correction import Correction, ImportanceWeights, importance_weights
+from agentrl.staleness import token_versions
 
 __all__ = ["Credit", "Update", "policy_update", "score_and_credit"]
 
@@ -36,6 +45,15 @@ class Credit:
     """The estimator's per-token advantages (0 where the loss mask is 0)."""
     sampler_mismatch_max: float
     """Largest |log π_sampler − log π_learner| over model tokens: the training–inference mismatch."""
+    weights: ImportanceWeights | None = None
+    """The off-policy correction's ρ̄ (None without a ``tis`` correction). The loss uses ρ̄·advantages."""
+    staleness_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    """``staleness/*`` metrics of the batch (empty without a learner version)."""
+
+    @property
+    def loss_advantages_B_T(self) -> torch.Tensor:
+        """What :meth:`Learner.step` is given: ρ̄·A under a ``tis`` correction, else A (the same tensor)."""
+        return self.advantages_B_T if self.weights is None else self.advantages_B_T * self.weights.rho_B_T
 
 
 @dataclass(frozen=True)
@@ -51,38 +69,121 @@ class Update:
 
 
 def score_and_credit(
-    learner: Learner, groups: Sequence[TrajectoryGroup], *, estimator: AdvantageEstimator, pad_id: int
+    learner: Learner,
+    groups: Sequence[TrajectoryGroup],
+    *,
+    estimator: AdvantageEstimator,
+    pad_id: int,
+    correction: Correction | None = None,
+    learner_version: int | None = None,
 ) -> Credit:
     """Collate ``groups``, score with the learner's current weights, and assign credit with ``estimator``
     (baselines are computed within each group).
 
     The learner's log-probs replace the sampler's as the PPO reference, so ratios start at exactly 1 and the
-    sampler/learner gap is reported instead of silently entering the loss.
+    sampler/learner gap is reported instead of silently entering the loss. With a ``tis`` ``correction`` the
+    sampler's log-probs μ give the truncated importance weights ρ̄ (``Credit.weights``) and OTB's energy is
+    scaled by ρ̄²; ``bypass`` skips the scoring pass (π_old := μ) and is refused for OTB, which needs its Σπ².
+    ``learner_version`` (the version being trained, = the step) tells which tokens are stale.
     """
     batch = collate(groups, pad_id=pad_id).to(learner.device)
-    logprobs, spi2 = learner.score(batch)
     m = batch.loss_mask_B_T.bool()
+    stale_B_T, smetrics = _staleness(groups, learner_version, batch.input_ids_B_T.shape, learner.device)
+    if correction is not None and correction.mode == "bypass":
+        if estimator.needs_policy_stats:
+            raise ConfigError(
+                f"the {estimator.name!r} estimator needs Σπ² from the learner's scoring pass, and correction "
+                "mode 'bypass' skips that pass (π_old := the sampler's log-probs); use --correction.mode tis "
+                "or an estimator without it (grpo, rloo, opo, none)"
+            )
+        mu = batch.old_logprobs_B_T
+        adv = estimator.advantages(batch.token_rewards_B_T, batch.loss_mask_B_T, None, None, batch.group_ids)
+        return Credit(batch, mu, torch.zeros_like(mu), adv, 0.0, None, smetrics)
+    logprobs, spi2 = learner.score(batch)
+    if spi2 is None and estimator.needs_policy_stats:  # a learner (group) whose scoring has no Σπ²
+        raise ConfigError(f"the {estimator.name!r} estimator needs Σπ², and this learner's score() gave none")
     mismatch = float((batch.old_logprobs_B_T - logprobs)[m].abs().max()) if m.any() else 0.0
+    weights = None
+    if correction is not None and correction.weighted:
+        if correction.scope == "stale" and stale_B_T is None:
+            raise ConfigError("correction scope 'stale' needs the learner version (learner_version=)")
+        weights = importance_weights(
+            logprobs, batch.old_logprobs_B_T, batch.loss_mask_B_T, stale_B_T, correction
+        )
     batch = dataclasses.replace(batch, old_logprobs_B_T=logprobs)
-    adv = estimator.advantages(batch.token_rewards_B_T, batch.loss_mask_B_T, logprobs, spi2, batch.group_ids)
-    return Credit(batch, logprobs, spi2, adv, mismatch)
+    args = (batch.token_rewards_B_T, batch.loss_mask_B_T, logprobs, spi2, batch.group_ids)
+    if weights is not None and weights.active and estimator.name == "otb":
+        # OTB under importance weights: each energy increment scaled by ρ̄² (spec §3.5).
+        adv = optimal_token_baseline(*args, is_weights=weights.rho_B_T, **_options(estimator))
+    else:
+        adv = estimator.advantages(*args)
+    return Credit(batch, logprobs, spi2, adv, mismatch, weights, smetrics)
+
+
+def _options(estimator: AdvantageEstimator) -> dict[str, Any]:
+    return {f.name: getattr(estimator, f.name) for f in dataclasses.fields(estimator)}  # type: ignore[arg-type]
+
+
+def _staleness(
+    groups: Sequence[TrajectoryGroup], learner_version: int | None, shape: torch.Size, device: torch.device
+) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """[B, T] True on tokens sampled by an older version than ``learner_version``, and batch metrics."""
+    if learner_version is None:
+        return None, {}
+    trajs = [t for g in groups for t in g]
+    stale = torch.zeros(shape, dtype=torch.bool)
+    for b, t in enumerate(trajs):
+        v = torch.tensor(token_versions(t), dtype=torch.long)
+        stale[b, : len(v)] = (v < learner_version) & torch.tensor(t.loss_mask, dtype=torch.bool)
+    per_traj = [learner_version - t.meta.policy_version for t in trajs]
+    n_model = sum(sum(t.loss_mask) for t in trajs)
+    metrics = {
+        "staleness/max": float(max(per_traj, default=0)),
+        "staleness/mean": float(sum(per_traj) / len(per_traj)) if per_traj else 0.0,
+        "staleness/stale_token_frac": float(stale.sum()) / n_model if n_model else 0.0,
+    }
+    return stale.to(device), metrics
 
 
 def policy_update(
-    learner: Learner, groups: Sequence[TrajectoryGroup], *, estimator: AdvantageEstimator, pad_id: int
+    learner: Learner,
+    groups: Sequence[TrajectoryGroup],
+    *,
+    estimator: AdvantageEstimator,
+    pad_id: int,
+    correction: Correction | None = None,
+    learner_version: int | None = None,
 ) -> Update:
     """Score, assign credit and take one learner step on ``groups`` (infra failures already dropped, see
-    :meth:`TrajectoryGroup.usable`); return everything a step logs."""
-    credit = score_and_credit(learner, groups, estimator=estimator, pad_id=pad_id)
-    batch, adv = credit.batch, credit.advantages_B_T
-    stats = learner.step(batch, adv)
-    proxy = variance_proxy_metrics(
-        adv, batch.loss_mask_B_T, credit.logprobs_B_T, credit.sum_pi_squared_B_T, grad_norm=stats.grad_norm
+    :meth:`TrajectoryGroup.usable`); return everything a step logs. ``correction`` and ``learner_version``
+    as in :func:`score_and_credit` (asynchronous training)."""
+    credit = score_and_credit(
+        learner,
+        groups,
+        estimator=estimator,
+        pad_id=pad_id,
+        correction=correction,
+        learner_version=learner_version,
     )
+    batch, adv = credit.batch, credit.advantages_B_T
+    stats = learner.step(batch, credit.loss_advantages_B_T)
     m = batch.loss_mask_B_T.bool()
     metrics = {"learn/sampler_mismatch_max": credit.sampler_mismatch_max}
     metrics.update(stats.to_dict(prefix="learn/"))
-    metrics.update(proxy.to_dict(prefix="variance/"))
+    if not (correction is not None and correction.mode == "bypass"):  # bypass has no Σπ² for the proxies
+        rho = credit.weights.rho_B_T if credit.weights is not None and credit.weights.active else None
+        proxy = variance_proxy_metrics(
+            adv,
+            batch.loss_mask_B_T,
+            credit.logprobs_B_T,
+            credit.sum_pi_squared_B_T,
+            grad_norm=stats.grad_norm,
+            **({} if rho is None else {"is_weights": rho}),
+        )
+        metrics.update(proxy.to_dict(prefix="variance/"))
     metrics["learn/adv_mean"] = float(adv[m].mean()) if m.any() else 0.0
     metrics["learn/adv_abs_mean"] = float(adv[m].abs().mean()) if m.any() else 0.0
+    if credit.weights is not None:
+        metrics.update(credit.weights.metrics)
+    metrics.update(credit.staleness_metrics)
     return Update(credit, stats, metrics)

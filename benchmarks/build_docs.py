@@ -22,6 +22,11 @@ SECTIONS = [
     ("memory", "`benchmarks/memory_profile.py`", "the default train step's resident memory, per phase"),
     ("gateway", "`benchmarks/gateway.py`", "recording gateway vs the bare policy call (target ≤ 2 ms p50)"),
     ("scale", "`benchmarks/scale.py`", "episodes/s with 1, 2, 4 Ray rollout workers (target ≥ 1.8x at 2)"),
+    (
+        "async",
+        "`benchmarks/async_overlap.py`",
+        "async training: step time at S = 0, 1, 2 (target S = 1 ≥ 1.6x)",
+    ),
 ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import ctypes
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
@@ -86,17 +87,19 @@ class LocalRuntime:
         are written to the run (:mod:`agentrl.scores`) so replay has its advantages once its checkpoint is
         rotated away."""
         clear = getattr(self.policy, "clear_cache", None)
-        if callable(clear):
+        if callable(clear) and self.cfg.max_staleness == 0:
             clear()  # the KV of this step's turns is stale once the weights change: free it before learning
+        step = int(groups[0][0].meta.step or 0)  # the step that trains them (the learner's version)
         update = await asyncio.to_thread(
             policy_update,
             self.learner,
             groups,
             estimator=self.cfg.estimator,
             pad_id=pg.tokenizer_pad_id(self.renderer),
+            correction=self.cfg.correction,
+            learner_version=step,
         )
         c = update.credit
-        step = int(groups[0][0].meta.step or 0)
         save_step_scores(self.run, step, groups, c.logprobs_B_T, c.sum_pi_squared_B_T)
         return update.metrics
 
@@ -138,9 +141,12 @@ class LocalRuntime:
 
 
 @contextlib.asynccontextmanager
-async def local_runtime(cfg: TrainConfig, run: RunDir) -> AsyncIterator[LocalRuntime]:
+async def local_runtime(
+    cfg: TrainConfig, run: RunDir, *, sampler: UpdatablePolicy | None = None
+) -> AsyncIterator[LocalRuntime]:
     """Load the model (and a resumed run's checkpoint), build the learner, sampler, sandbox pool and (with
-    --agent) the gateway; close them on exit."""
+    --agent) the gateway; close them on exit. ``sampler`` replaces the policy the config would build (tests,
+    custom backends); it gets the learner's weights through ``load_weights`` after each step."""
     from agentrl.sandbox import LocalSandbox, SandboxPool
     from agentrl.trainers.gateway.agent_rollout import agent_runner
 
@@ -152,8 +158,16 @@ async def local_runtime(cfg: TrainConfig, run: RunDir) -> AsyncIterator[LocalRun
     if ckpt is not None:
         start = load_checkpoint(ckpt, model=loaded.model, optimizer=learner.optimizer).step
         print(f"resumed {run.path} at step {start} from {ckpt.path.name}")
-    policy = pg.make_policy(cfg, loaded.model, loaded.tokenizer, renderer, loaded.device, version=start)
-    if not isinstance(policy, HFPolicy):
+    if sampler is not None:
+        policy: UpdatablePolicy = sampler
+        if policy.version < start:  # a resumed run: the sampler starts from the checkpoint's weights
+            await pg.publish_weights(policy, loaded.model, start)
+    else:
+        # Asynchronous (--max-staleness ≥ 1): the learner trains in a thread while episodes sample, so the
+        # sampler needs weights of its own (published between turns); otherwise it shares the learner's.
+        sampler_model = copy.deepcopy(loaded.model) if cfg.max_staleness > 0 else loaded.model
+        policy = pg.make_policy(cfg, sampler_model, loaded.tokenizer, renderer, loaded.device, version=start)
+    if sampler is None and not isinstance(policy, HFPolicy):
         # A sampler with its own copy of the weights starts from the learner's (a resumed run's too).
         connect = getattr(policy, "connect", None)
         if connect is not None:

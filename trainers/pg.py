@@ -42,12 +42,14 @@ from agentrl.config import config_to_dict
 from agentrl.credit import OTB, AdvantageEstimator, Estimator, estimator_config
 from agentrl.errors import ConfigError
 from agentrl.learner import LearnerConfig
+from agentrl.learner.correction import Correction
 from agentrl.metrics import MetricsLogger
 from agentrl.models import model_folder
 from agentrl.policies import HFPolicy
 from agentrl.protocols import UpdatablePolicy, WeightSink, WeightUpdate
 from agentrl.rollout import RolloutConfig
 from agentrl.run import ModelSpec, RunDir
+from agentrl.staleness import Admission, OnStale
 from agentrl.trainers.evaluate import EvalConfig, EvalReport, write_comparison
 from agentrl.trainers.runtime import TrainRuntime
 from agentrl.trainers.step_metrics import episode_metrics, format_row, token_limit_warning
@@ -131,6 +133,17 @@ class TrainConfig:
     """What kept checkpoints other than the newest hold: half (float16 weights, no optimizer state: a quarter
     of the size; replayed log-probs move by ~1e-3), exact (trained weights, no optimizer state) or whole
     (everything: each one can be resumed). See docs/checkpoints.md."""
+    max_staleness: int = 0
+    """Asynchronous training: the next steps' episodes run while the learner updates, and a trajectory may be
+    at most this many versions older than the learner that trains on it (0 = synchronous, lock-step).
+    See trainers/async_loop.py."""
+    on_stale: OnStale = "wait"
+    """With --max-staleness: a step waits for all its groups (wait) or drops those still running when the
+    learner is ready for it (drop; dropped groups are counted)."""
+    correction: Correction = field(default_factory=Correction)
+    """Off-policy correction of the update: truncated importance weights min(π_old/μ, cap) on the loss of
+    tokens older than the learner (and ρ̄² on OTB's energy); with --max-staleness 0 no token is stale and
+    the update is the synchronous one exactly."""
     loggers: tuple[str, ...] = ()
     """Extra metric sinks: tensorboard, wandb (metrics.jsonl is always written)."""
     progress: bool = True
@@ -199,6 +212,28 @@ class TrainConfig:
             raise ConfigError(
                 "--agent runs its gateway in this process; it cannot be combined with --ray yet"
             )
+        if (
+            isinstance(self.max_staleness, bool)
+            or not isinstance(self.max_staleness, int)
+            or self.max_staleness < 0
+        ):
+            raise ConfigError(f"--max-staleness must be an integer >= 0, got {self.max_staleness!r}")
+        if self.correction.mode == "bypass" and self.estimator.needs_policy_stats:
+            raise ConfigError(
+                "--correction.mode bypass skips the learner's scoring pass, which is what gives "
+                f"{self.estimator} its Σπ²; use --correction.mode tis (the default) or an estimator without "
+                "it (grpo, rloo, opo)"
+            )
+        if self.max_staleness > 0:
+            Admission(self.max_staleness, self.groups_per_step, on_stale=self.on_stale)  # validates on_stale
+            if self.agent is not None:
+                raise ConfigError("--max-staleness > 0 does not run --agent (gateway) episodes yet; use 0")
+            if self.ray is not None:
+                raise ConfigError(
+                    "--max-staleness > 0 runs in this process only for now; drop --ray or use 0"
+                )
+        elif self.on_stale != "wait":
+            raise ConfigError("--on-stale drop needs --max-staleness >= 1")
         if self.resume is not None and self.out is not None and Path(self.out) != Path(self.resume):
             raise ConfigError("--resume continues a run in place; do not also pass a different --out")
 
@@ -253,6 +288,8 @@ def make_policy(
             version=version,
         )
     if kind == "vllm":
+        if cfg.max_staleness > 0:
+            raise ConfigError("--max-staleness > 0 samples with the HF policy for now; pass --policy hf")
         if device.type != "cuda":
             raise ConfigError("--policy vllm needs --device cuda")
         from agentrl.policies import VLLMPolicy
@@ -338,22 +375,9 @@ class _Progress:
 
 
 # ---------------------------------------------------------------------------------------------------
-RESUMABLE = frozenset(
-    {
-        "steps",
-        "resume",
-        "out",
-        "progress",
-        "loggers",
-        "older_checkpoints",
-        "eval",
-        "ray",
-        "rollout_workers",
-        "inference_servers",
-        "learners",
-    }
-    | {"weights_dir"}
-)
+_WHERE_IT_RUNS = ("ray", "rollout_workers", "inference_servers", "learners", "weights_dir")
+_OUTPUT = ("steps", "resume", "out", "progress", "loggers", "older_checkpoints", "eval")
+RESUMABLE = frozenset((*_OUTPUT, *_WHERE_IT_RUNS))
 """Settings a resumed run may change (where it runs is not part of the experiment)."""
 
 
@@ -413,7 +437,9 @@ class _Session:
     """The step this process started at: only it can find its own episodes already on disk (a resume)."""
 
 
-async def train(cfg: TrainConfig, *, runtime: RuntimeFactory | None = None) -> Path:
+async def train(
+    cfg: TrainConfig, *, runtime: RuntimeFactory | None = None, overlap: bool | None = None
+) -> Path:
     """Run the training loop on the runtime the config asks for (or ``runtime``); return the run directory.
 
     A start that fails before anything is recorded leaves no run directory behind (or, in a directory that
@@ -421,14 +447,14 @@ async def train(cfg: TrainConfig, *, runtime: RuntimeFactory | None = None) -> P
     created = cfg.resume is None and (cfg.out is None or not Path(cfg.out).is_dir())
     cfg, run = prepare_run(cfg)
     try:
-        return await _train(cfg, run, runtime)
+        return await _train(cfg, run, runtime, overlap)
     except BaseException:
         if cfg.resume is None and run.discard_unstarted(created=created):
             print(f"the run recorded nothing; removed {run.path}", file=sys.stderr)
         raise
 
 
-async def _train(cfg: TrainConfig, run: RunDir, runtime: RuntimeFactory | None) -> Path:
+async def _train(cfg: TrainConfig, run: RunDir, runtime: RuntimeFactory | None, overlap: bool | None) -> Path:
     run_dir = run.path
     torch.manual_seed(cfg.seed)
 
@@ -450,12 +476,20 @@ async def _train(cfg: TrainConfig, run: RunDir, runtime: RuntimeFactory | None) 
             )
             session = _Session(cfg, run, rt, store, metrics, stop, first_step=start)
             before = await _held_out(rt, "untrained")
-            for step in range(start, cfg.steps):
-                done = await _train_step(session, step)
-                if not done:
-                    break
+
+            async def after_step(step: int) -> None:
                 if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
                     await rt.save_checkpoint(run, step + 1, keep=cfg.keep_checkpoints)
+
+            if cfg.max_staleness > 0 if overlap is None else overlap:
+                from agentrl.trainers.async_loop import train_async
+
+                step = await train_async(session, after_step)
+            else:
+                for step in range(start, cfg.steps):
+                    if not await _train_step(session, step):
+                        break
+                    await after_step(step)
             if stop.is_set():
                 # The weights are those after the last completed step: make sure a checkpoint says so.
                 latest = run.latest_checkpoint()

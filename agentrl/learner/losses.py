@@ -1,4 +1,5 @@
-"""Per-token losses of the policy-gradient learner: REINFORCE, PPO-clip (with dual clip), k3 KL."""
+"""Per-token losses of the policy-gradient learner: REINFORCE, PPO-clip (with dual clip), k3 KL, and the
+decoupled off-policy loss (importance-weighted PPO)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 
 from agentrl.errors import ConfigError
 
-__all__ = ["PolicyLossName", "kl_k3", "policy_loss"]
+__all__ = ["PolicyLossName", "decoupled_policy_loss", "kl_k3", "policy_loss"]
 
 PolicyLossName = Literal["ppo", "reinforce"]
 
@@ -53,3 +54,34 @@ def kl_k3(logprobs_B_T: torch.Tensor, ref_logprobs_B_T: torch.Tensor) -> torch.T
     """k3 estimator of KL(π ‖ π_ref) per token: e^{Δ} − Δ − 1 with Δ = log π_ref − log π (≥ 0)."""
     d = (ref_logprobs_B_T - logprobs_B_T).clamp(-20.0, 20.0)
     return torch.exp(d) - d - 1.0
+
+
+def decoupled_policy_loss(
+    logprobs_B_T: torch.Tensor,
+    old_logprobs_B_T: torch.Tensor,
+    advantages_B_T: torch.Tensor,
+    is_weights_B_T: torch.Tensor,
+    *,
+    kind: PolicyLossName = "ppo",
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
+    dual_clip_c: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decoupled off-policy loss: ρ̄_t · :func:`policy_loss` (ratio π_θ/π_old, truncated importance
+    weights ρ̄ = min(π_old/μ, C) from :mod:`agentrl.learner.correction`, detached).
+
+    Since ρ̄ ≥ 0 this equals ``policy_loss`` with advantages ρ̄·A, which is how the trainer feeds the
+    learner; the "was clipped" indicator is the PPO clip's, unweighted.
+    """
+    if bool((is_weights_B_T < 0).any()):
+        raise ConfigError("importance weights must be >= 0")
+    pg, clipped = policy_loss(
+        logprobs_B_T,
+        old_logprobs_B_T,
+        advantages_B_T,
+        kind=kind,
+        clip_eps_low=clip_eps_low,
+        clip_eps_high=clip_eps_high,
+        dual_clip_c=dual_clip_c,
+    )
+    return is_weights_B_T.detach() * pg, clipped

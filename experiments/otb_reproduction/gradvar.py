@@ -362,7 +362,7 @@ def reference(pool: PromptPool, weights: np.ndarray | None = None) -> np.ndarray
 
 
 def total_variance(K: torch.Tensor, C: np.ndarray) -> float:
-    """tr Cov(ĝ) over the D draws (rows of C): the mean of (c − c̄)ᵀ K (c − c̄), unbiased over draws.
+    """Tr Cov(ĝ) over the D draws (rows of C): the mean of (c − c̄)ᵀ K (c − c̄), unbiased over draws.
 
     The product is taken in float32 on centred coefficients (each quadratic form is a sum of non-negative
     eigen-terms, so nothing cancels) and summed in float64.

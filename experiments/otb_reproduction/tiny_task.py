@@ -177,6 +177,7 @@ class ChainSumEnv(ToolEnv):
         super().__init__([add], parser=ChainParser(), tools_in_prompt=True, **kwargs)
 
     def make_task(self, options: dict[str, Any]) -> Task:
-        rng = np.random.default_rng(self.np_random.randrange(2**31))
+        """A chain of numbers to add with the tool, from the split's range."""
+        rng = np.random.default_rng(self.rng.randrange(2**31))
         nums = sample_numbers(rng, self.k, options.get("split", self.split))
         return Task(prompt=prompt_text(nums), answer=sum(nums), info={"numbers": " ".join(map(str, nums))})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from agentrl.chat import ChatRenderer
 from agentrl.errors import ConfigError
 from agentrl.groups import group_trajectories
 from agentrl.learner import Learner
+from agentrl.learner.correction import Correction
 from agentrl.replay import Run
 from agentrl.trainers.pg import tokenizer_pad_id
 from agentrl.trainers.replay.weights import exact_weights, load_tokenizer_for, load_weights, train_config
@@ -23,6 +25,7 @@ __all__ = [
     "MetricCheck",
     "StepReport",
     "reproduce_step",
+    "run_correction",
     "step_advantages",
     "step_batch",
 ]
@@ -98,7 +101,7 @@ def step_batch(run: Run, step: int) -> tuple[list[int], list[int]]:
     episode metrics) and, among them, the ones it trained on (infra failures dropped), in batch order.
 
     The trainer uses every *complete* group of the step (a resumed step re-runs incomplete ones, whose
-    leftovers stay in the file but were never trained on).
+    leftovers stay in the file but were never trained on), the last one of each task.
     """
     group_size = train_config(run).group_size if run.run_dir is not None else None
     members: dict[str, list[int]] = {}
@@ -108,12 +111,27 @@ def step_batch(run: Run, step: int) -> tuple[list[int], list[int]]:
     if not members:
         raise ConfigError(f"no trajectory of step {step} in {run.trajectories_path}")
     keep = {g for g, ix in members.items() if group_size is None or len(ix) == group_size}
+    # A task sampled twice for one step (an asynchronous run resumed: a group sampled by weights the resumed
+    # run no longer had is sampled again) was trained on its last complete group.
+    last: dict[str, str] = {}
+    for g in sorted(keep, key=lambda g: members[g][-1]):
+        last[run.trajectories[members[g][0]].meta.task_id or g] = g
+    keep = set(last.values())
     all_idx = [i for i, t in enumerate(run.trajectories) if t.meta.step == step and t.meta.group_id in keep]
     # The trainer's rows: groups in the order they completed, members in finishing order (= file order).
     pos = {id(run.trajectories[i]): i for i in all_idx}
     groups = group_trajectories(run.trajectories[i] for i in all_idx)
     trained = [pos[id(t)] for g in groups for t in g if not t.infra_failure]
     return all_idx, trained
+
+
+def run_correction(run: Run) -> Correction | None:
+    """The off-policy correction the run trained with; None for a run recorded before corrections
+    existed (its ``config.json`` has no ``correction``: its updates had none)."""
+    if run.run_dir is None:
+        return None
+    raw = json.loads(run.run_dir.config_path.read_text())
+    return train_config(run).correction if "correction" in raw else None
 
 
 def _pad_id(tokenizer: Any) -> int:
@@ -149,6 +167,8 @@ def step_advantages(
         list(group_trajectories(run.trajectories[i] for i in trained)),
         estimator=cfg.estimator,
         pad_id=_pad_id(tok),
+        correction=run_correction(run),
+        learner_version=step,
     )
     per = _per_token(credit.advantages_B_T, [run.trajectories[i] for i in trained])
     return dict(zip(trained, per, strict=True))
@@ -175,7 +195,8 @@ def reproduce_step(
     """Recompute training step ``step`` exactly as the trainer did and compare with ``metrics.jsonl``.
 
     From the recorded trajectories of the step (complete groups, infra failures dropped) and the weights
-    that sampled them (``checkpoints/step-<step>``, or the rebuilt initial weights for step 0): collate →
+    the learner held when it trained them (``checkpoints/step-<step>``, or the rebuilt initial weights for
+    step 0; in a synchronous run these also sampled them): collate →
     ``Learner.score`` (log π, Σπ²) → the run's advantage estimator → ``Learner.step``'s loss and gradient
     norm (before the optimizer moves anything) → the variance proxies. From a compacted (float16) checkpoint
     the tolerances widen to at least :data:`HALF_RTOL`/:data:`HALF_ATOL`. Raises :class:`StoreError` when the
@@ -209,7 +230,16 @@ def reproduce_step(
         # The trainer's own update function, on the recorded episodes and the weights that sampled them.
         learner = Learner(model, cfg.learner)
         groups = list(group_trajectories(run.trajectories[i] for i in trained))
-        update = policy_update(learner, groups, estimator=cfg.estimator, pad_id=_pad_id(tok))
+        # An asynchronous step: μ (the recorded log-probs), each turn's version (staleness) and the run's
+        # correction give the same ρ̄; the checkpoint of the step is the learner's π_old.
+        update = policy_update(
+            learner,
+            groups,
+            estimator=cfg.estimator,
+            pad_id=_pad_id(tok),
+            correction=run_correction(run),
+            learner_version=step,
+        )
         dev_s = str(learner.device)
         got.update(update.metrics)
         advantages = _per_token(update.credit.advantages_B_T, [run.trajectories[i] for i in trained])

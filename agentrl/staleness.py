@@ -1,0 +1,246 @@
+"""Staleness of trajectories and admission control for asynchronous training (pure, no I/O, no torch).
+
+Staleness of a trajectory = the learner's version when it trains on it − the oldest policy version among
+its tokens. A model turn is sampled by one version (the sampler takes new weights between turns), so a
+trajectory's tokens carry their turn's version: :func:`token_versions`.
+
+:class:`Admission` decides when a new group may start and which finished groups a training step takes.
+Every group is leased for the step that trains it, in the order of the data (group ``i`` of the run
+belongs to step ``start + i // batch_groups``), and only
+
+* while in-flight + buffered groups < (S + 1) × batch_groups (the issue's capacity rule), and
+* once the served version is ≥ its step − S (so every token it gets is at most S versions old when
+  that step trains it).
+
+The second rule alone guarantees the bound; the first keeps at most S + 1 steps of data around (with
+full batches the two coincide). Step k trains on the finished groups of step k: with ``on_stale="wait"``
+(the default) the learner waits for all of them, so training is the synchronous trainer's exactly when
+S = 0; with ``"drop"`` it does not wait for stragglers (groups of step k still running when the learner is
+ready are dropped and counted; the step waits only for its first group). A finished group whose oldest
+token is more than S versions old (possible only when its tokens are older than its lease, e.g. a group
+read back from an earlier process) is dropped too. The largest staleness trained on is reported and
+never exceeds S.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from agentrl.errors import ConfigError
+from agentrl.types import TokenSource, Trajectory
+
+__all__ = [
+    "Admission",
+    "Lease",
+    "OnStale",
+    "StepPlan",
+    "oldest_version",
+    "token_versions",
+    "trajectory_staleness",
+    "turn_versions",
+]
+
+OnStale = Literal["wait", "drop"]
+
+TURN_VERSIONS_KEY = "turn_versions"
+"""``TrajectoryMeta.extra`` key holding each model turn's policy version ("3,3,4"), written when an
+episode spans versions (otherwise every turn has ``meta.policy_version``)."""
+
+
+def turn_versions(traj: Trajectory) -> tuple[int, ...]:
+    """The policy version of each model turn, in order."""
+    raw = traj.meta.extra.get(TURN_VERSIONS_KEY)
+    if isinstance(raw, str) and raw:
+        return tuple(int(v) for v in raw.split(","))
+    n = max((s.turn for s in traj.segments if s.source is TokenSource.MODEL), default=-1) + 1
+    return (traj.meta.policy_version,) * n
+
+
+def token_versions(traj: Trajectory) -> tuple[int, ...]:
+    """The policy version that sampled each token (same length as ``token_ids``); tokens the policy did
+    not sample (prompt, observations, template) get the trajectory's oldest version."""
+    per_turn = turn_versions(traj)
+    out = [traj.meta.policy_version] * len(traj.token_ids)
+    for s in traj.segments:
+        if s.source is TokenSource.MODEL:
+            if s.turn >= len(per_turn):
+                raise ConfigError(
+                    f"trajectory {traj.meta.episode_id}: model turn {s.turn} has no recorded version "
+                    f"({TURN_VERSIONS_KEY}={per_turn})"
+                )
+            out[s.start : s.end] = [per_turn[s.turn]] * (s.end - s.start)
+    return tuple(out)
+
+
+def trajectory_staleness(traj: Trajectory, learner_version: int) -> int:
+    """Learner version − the oldest version among the trajectory's tokens."""
+    return learner_version - traj.meta.policy_version
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One group handed out by :class:`Admission`."""
+
+    index: int
+    """Position in the run's data order, counted from the start step (0, 1, ...)."""
+    step: int
+    """The training step that will train this group."""
+    slot: int
+    """Position of the group within its step (0 .. batch_groups − 1): which task of the step it runs."""
+    version: int
+    """The policy version served when the group was leased (its tokens are this version or newer)."""
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What a training step takes: the outcome of :meth:`Admission.take`."""
+
+    step: int
+    """The step (= the learner's version when it trains)."""
+    trained: tuple[Lease, ...]
+    """Finished groups the step trains on, in the order they finished."""
+    dropped: tuple[Lease, ...]
+    """Groups of the step dropped: stragglers (``drop``) or finished over the bound."""
+    staleness: tuple[int, ...]
+    """Staleness of each trained group (learner version − its oldest token version)."""
+
+
+@dataclass
+class Admission:
+    """Admission control and the staleness bound (see the module docstring); one instance per run."""
+
+    max_staleness: int
+    """S: the largest staleness a trained group may have (0 = synchronous)."""
+    batch_groups: int
+    """Groups per training step."""
+    on_stale: OnStale = "wait"
+    """``wait``: a step waits for all its groups; ``drop``: it drops those still running when it is ready."""
+    start_step: int = 0
+    """The first step of this process (a resumed run starts at its checkpoint's step)."""
+    end_step: int | None = None
+    """No group is leased for this step or later (None = endless)."""
+    _next: int = 0
+    _in_flight: dict[int, Lease] = field(default_factory=dict)
+    _done: dict[int, tuple[Lease, int]] = field(default_factory=dict)
+    _order: list[int] = field(default_factory=list)
+    dropped_total: int = 0
+    """Groups dropped so far."""
+    max_seen: int = 0
+    """Largest staleness trained on so far."""
+
+    def __post_init__(self) -> None:
+        s, b = self.max_staleness, self.batch_groups
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise ConfigError(f"max_staleness must be an int >= 0, got {s!r}")
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise ConfigError(f"batch_groups must be a positive int, got {b!r}")
+        if self.on_stale not in ("wait", "drop"):
+            raise ConfigError(f"on_stale must be 'wait' or 'drop', got {self.on_stale!r}")
+        if self.on_stale == "drop" and s == 0:
+            raise ConfigError(
+                "on_stale 'drop' needs max_staleness >= 1: at 0 a step's groups start when the step is "
+                "already waiting for them, so every straggler would be dropped"
+            )
+
+    # -- leasing ------------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """(S + 1) × batch_groups: most groups in flight or finished and not yet trained."""
+        return (self.max_staleness + 1) * self.batch_groups
+
+    @property
+    def outstanding(self) -> int:
+        """Groups in flight plus groups finished and waiting for their step."""
+        return len(self._in_flight) + len(self._done)
+
+    @property
+    def next_step(self) -> int:
+        """The step the next lease would be for."""
+        return self.start_step + self._next // self.batch_groups
+
+    def can_lease(self, policy_version: int) -> bool:
+        """True when a new group may start now, with ``policy_version`` the version being served."""
+        if self.end_step is not None and self.next_step >= self.end_step:
+            return False
+        return self.outstanding < self.capacity and self.next_step <= policy_version + self.max_staleness
+
+    def lease(self, policy_version: int) -> Lease:
+        """Hand out the next group (call only when :meth:`can_lease`)."""
+        if not self.can_lease(policy_version):
+            raise ConfigError(
+                f"no lease allowed now: {self.outstanding} outstanding of {self.capacity}, next step "
+                f"{self.next_step}, served version {policy_version}, max staleness {self.max_staleness}"
+            )
+        lease = Lease(self._next, self.next_step, self._next % self.batch_groups, policy_version)
+        self._next += 1
+        self._in_flight[lease.index] = lease
+        return lease
+
+    def complete(self, lease: Lease, oldest_version: int) -> None:
+        """A leased group finished; ``oldest_version`` is the oldest policy version among its tokens."""
+        if self._in_flight.pop(lease.index, None) is None:
+            raise ConfigError(f"group {lease.index} is not in flight (finished twice, or never leased)")
+        self._done[lease.index] = (lease, oldest_version)
+        self._order.append(lease.index)
+
+    def skip(self) -> Lease:
+        """Account for the next group without running it (its step will train without it)."""
+        lease = Lease(self._next, self.next_step, self._next % self.batch_groups, -1)
+        self._next += 1
+        self.dropped_total += 1
+        return lease
+
+    def release(self, lease: Lease) -> None:
+        """Forget an in-flight group that will never finish (cancelled); it counts as dropped."""
+        if self._in_flight.pop(lease.index, None) is not None:
+            self.dropped_total += 1
+
+    # -- training -----------------------------------------------------------------------------------
+    def in_flight_of(self, step: int) -> list[Lease]:
+        """Groups of ``step`` still running."""
+        return [lease for lease in self._in_flight.values() if lease.step == step]
+
+    def done_of(self, step: int) -> list[Lease]:
+        """Finished groups of ``step``, in the order they finished."""
+        return [self._done[i][0] for i in self._order if i in self._done and self._done[i][0].step == step]
+
+    def ready(self, step: int) -> bool:
+        """True when step ``step`` can train now (the learner's version is ``step``)."""
+        all_leased = self.next_step > step
+        if self.on_stale == "wait":
+            return all_leased and not self.in_flight_of(step)
+        return bool(self.done_of(step)) or (all_leased and not self.in_flight_of(step))
+
+    def take(self, step: int) -> StepPlan:
+        """Take step ``step``'s batch (call when :meth:`ready`): its finished groups within the bound.
+        Stragglers still in flight (``drop``) are returned in ``dropped``; the caller cancels them."""
+        trained: list[Lease] = []
+        staleness: list[int] = []
+        dropped: list[Lease] = []
+        for lease in self.done_of(step):
+            _, oldest = self._done.pop(lease.index)
+            s = step - oldest
+            if s > self.max_staleness:
+                dropped.append(lease)
+                continue
+            trained.append(lease)
+            staleness.append(s)
+        for lease in self.in_flight_of(step):
+            del self._in_flight[lease.index]
+            dropped.append(lease)
+        while self.next_step <= step:  # drop mode: slots of the step never leased
+            dropped.append(self.skip())
+            self.dropped_total -= 1  # counted once, below
+        self._order = [i for i in self._order if i in self._done]
+        self.dropped_total += len(dropped)
+        self.max_seen = max([self.max_seen, *staleness])
+        return StepPlan(step, tuple(trained), tuple(dropped), tuple(staleness))
+
+
+def oldest_version(trajectories: Sequence[Trajectory]) -> int:
+    """The oldest policy version among the tokens of ``trajectories`` (a group)."""
+    if not trajectories:
+        raise ConfigError("a group needs at least one trajectory")
+    return min(t.meta.policy_version for t in trajectories)

@@ -1,0 +1,195 @@
+"""Asynchronous training in one process (``agentrl train --max-staleness S``, S ≥ 1): episodes of the next
+steps run on the event loop while the learner updates in a worker thread.
+
+::
+
+    Admission (agentrl.staleness): lease group i of the run (task j of step k = start + i // groups_per_step)
+      while in-flight + buffered < (S + 1) × groups_per_step and the served version ≥ k − S
+      → run its episodes with the sampler (its own copy of the weights), each trajectory appended to
+        <run>/trajectories.jsonl as it finishes (meta.step = k, the step that will train it)
+    learner, step k: wait until step k's groups are done (or, --on-stale drop, until one is and drop the
+      rest) → policy_update in a thread (π_old scored now; ρ̄ = min(π_old/μ, C) on stale tokens; OTB's
+      energy × ρ̄²) → publish version k + 1 to the sampler → metrics, checkpoint
+
+Weights reach the sampler between turns: a turn that is sampling when the learner publishes finishes on
+the weights it started with, and the episode's next turn samples with the new ones. Each turn records its
+version (``Generation.policy_version``; a trajectory that spans versions lists them in
+``meta.extra["turn_versions"]``), so each token's staleness is known and the correction applies per token.
+
+The data order is the synchronous trainer's (step k trains the tasks ``task_seeds(seed, k)``), so S = 0
+would be the synchronous trainer exactly (the tests run this loop at S = 0 and compare). A resumed run
+reuses the complete groups on disk of its steps that were sampled by weights it still has (versions ≤ the
+checkpoint's) and resamples the rest; the admission check drops anything beyond the bound.
+
+The loop talks to the machinery only through the run's :class:`~agentrl.trainers.runtime.TrainRuntime`
+(``run_groups`` for one group, ``update``, ``publish``, ``version``), like the synchronous loop. The local
+runtime gives the sampler its own copy of the weights when S ≥ 1, so the learner's thread never writes
+weights a turn is sampling with; the Ray runtime does not run this loop yet (``--max-staleness`` with
+``--ray`` is refused), though its controller's leases are where :class:`Admission` would sit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from agentrl import TrajectoryGroup, TrajectoryMeta, read_groups
+from agentrl.staleness import Admission, Lease, oldest_version
+
+if TYPE_CHECKING:
+    from agentrl.trainers.pg import _Session
+
+__all__ = ["GroupRunner", "local_group_runner", "train_async"]
+
+
+def _reusable_groups(s: _Session) -> dict[str, TrajectoryGroup]:
+    """Complete groups on disk of the steps this process will train, sampled only by weights it has
+    (every turn's version ≤ the start step): task id → group (a resume)."""
+    path = s.run.trajectories_path
+    if not path.exists():
+        return {}
+    out: dict[str, TrajectoryGroup] = {}
+    for g in read_groups(path, size=s.cfg.group_size):
+        step = g[0].meta.step
+        newest = max(int(t.meta.extra.get("policy_version_max", t.meta.policy_version) or 0) for t in g)
+        if step is not None and step >= s.first_step and newest <= s.first_step:
+            out[f"{step}:{g.task_id}"] = g
+    return out
+
+
+GroupRunner = Callable[[int, TrajectoryMeta], Awaitable[TrajectoryGroup]]
+"""Runs one group of episodes: ``(task seed, meta) -> group``, storing each trajectory as it finishes. The
+local runner is :func:`local_group_runner`; a distributed runtime hands the group to its rollout workers."""
+
+
+def local_group_runner(s: _Session) -> GroupRunner:
+    """Groups run by the run's runtime, every trajectory appended to the run's store as it finishes (on
+    disk before anything else)."""
+    cfg = s.cfg
+
+    async def run(seed: int, meta: TrajectoryMeta) -> TrajectoryGroup:
+        events = s.runtime.run_groups(seeds=(seed,), group_size=cfg.group_size, meta=meta)
+        async for done in events:
+            await s.store.append(done.trajectory)  # a plain write: no suspension point
+            if done.group is not None:
+                # Return at once: no await between the group's last line on disk and the caller's
+                # bookkeeping, so a group cancelled as a straggler is never complete on disk.
+                return done.group
+        raise RuntimeError(f"the rollout of task {seed} ended without completing its group")
+
+    return run
+
+
+async def train_async(
+    s: _Session, after_step: Callable[[int], Awaitable[None]], run_group: GroupRunner | None = None
+) -> int:
+    """Train steps ``s.first_step`` .. ``cfg.steps − 1`` with generation overlapping learning; call
+    ``after_step(k)`` after each (checkpointing). Returns the next step to train: ``cfg.steps``, or the
+    step during which a stop was requested. ``run_group`` runs one group (default: in this process)."""
+    from agentrl.trainers.pg import task_seeds
+    from agentrl.trainers.step_metrics import episode_metrics, format_row
+
+    cfg, runtime = s.cfg, s.runtime
+    runner = run_group or local_group_runner(s)
+    B = cfg.groups_per_step
+    adm = Admission(cfg.max_staleness, B, on_stale=cfg.on_stale, start_step=s.first_step, end_step=cfg.steps)
+    reuse = _reusable_groups(s)
+    results: dict[int, TrajectoryGroup] = {}
+    reused_of: dict[int, int] = {}
+    tasks: dict[int, asyncio.Task[None]] = {}
+    wake = asyncio.Event()
+    failure: list[BaseException] = []
+
+    async def run_one(lease: Lease, seed: int) -> None:
+        try:
+            meta = TrajectoryMeta(env_id=cfg.env, step=lease.step, policy_version=runtime.version)
+            group = await runner(seed, meta)
+            results[lease.index] = group
+            adm.complete(lease, oldest_version(group))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # surfaces in the loop below
+            failure.append(e)
+        finally:
+            tasks.pop(lease.index, None)
+            wake.set()
+
+    def lease_more() -> None:
+        while adm.can_lease(runtime.version):
+            lease = adm.lease(runtime.version)
+            seed = task_seeds(cfg.seed, lease.step, B)[lease.slot]
+            old = reuse.pop(f"{lease.step}:{cfg.env}:{seed}", None)
+            if old is not None:
+                results[lease.index] = old
+                reused_of[lease.step] = reused_of.get(lease.step, 0) + len(old)
+                adm.complete(lease, oldest_version(old))
+            else:
+                tasks[lease.index] = asyncio.ensure_future(run_one(lease, seed))
+
+    k = s.first_step
+    t_prev = time.perf_counter()
+    try:
+        while k < cfg.steps:
+            lease_more()
+            t_wait = time.perf_counter()
+            while not adm.ready(k) and not failure and not s.stop.is_set():
+                if not tasks:  # nothing running and nothing may start: this would wait forever
+                    raise RuntimeError(
+                        f"step {k} cannot get its data: no group is running and none may start (the sampler "
+                        f"serves version {runtime.version}, max staleness {cfg.max_staleness}); the sampler "
+                        "must be at the learner's version"
+                    )
+                wake.clear()
+                stop_wait = asyncio.ensure_future(s.stop.wait())
+                wake_wait = asyncio.ensure_future(wake.wait())
+                await asyncio.wait({stop_wait, wake_wait}, return_when=asyncio.FIRST_COMPLETED)
+                stop_wait.cancel()
+                wake_wait.cancel()
+            if failure:
+                raise failure[0]
+            if s.stop.is_set():
+                return k
+            waited = time.perf_counter() - t_wait
+            plan = adm.take(k)
+            for lease in plan.dropped:
+                task = tasks.pop(lease.index, None)
+                if task is not None:
+                    task.cancel()
+                results.pop(lease.index, None)
+            groups = [results.pop(lease.index) for lease in plan.trained]
+            in_flight = len(tasks)
+            t_learn = time.perf_counter()
+            usable = [u for g in groups if (u := g.usable()) is not None]
+            row: dict[str, float] = episode_metrics([t for g in groups for t in g])
+            row["episodes/reused"] = float(reused_of.pop(k, 0))
+            if usable:
+                row.update(await runtime.update(usable))
+            else:
+                print(f"step {k}: every episode failed for infrastructure reasons; no update")
+            await runtime.publish(k + 1)
+            now = time.perf_counter()
+            row["time/rollout_s"] = waited  # the learner's wait for data (generation not hidden by learning)
+            row["time/learn_s"] = now - t_learn
+            row["time/step_s"] = now - t_prev
+            row["async/learner_idle_frac"] = waited / max(now - t_prev, 1e-9)
+            row["async/groups_in_flight"] = float(in_flight)
+            row["async/groups_dropped"] = float(len(plan.dropped))
+            row["async/groups_dropped_total"] = float(adm.dropped_total)
+            row["async/max_staleness_seen"] = float(adm.max_seen)
+            t_prev = now
+            s.metrics.log(k, row)
+            extra = f" staleness={max(plan.staleness, default=0)} idle={row['async/learner_idle_frac']:.2f}"
+            print(format_row(k, row) + extra)
+            await after_step(k)
+            k += 1
+        return k
+    finally:
+        pending = list(tasks.values())
+        for task in pending:
+            task.cancel()
+        if pending:
+            with contextlib.suppress(BaseException):
+                await asyncio.gather(*pending, return_exceptions=True)
