@@ -11,6 +11,7 @@ SECTIONS = [
     ("sandbox", "`benchmarks/sandbox.py`", "stateful vs fresh process, one-shot throughput, 64 sessions"),
     ("credit", "`benchmarks/credit.py`", "OTB vectorised vs loop; chunked log-prob + Σπ² memory and speed"),
     ("gateway", "`benchmarks/gateway.py`", "recording gateway vs the bare policy call (target ≤ 2 ms p50)"),
+    ("checkpoints", "`benchmarks/checkpoints.py`", "checkpoint disk use of the default run, float16 cost"),
 ]
 
 

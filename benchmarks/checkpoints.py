@@ -130,7 +130,7 @@ def main() -> None:
         "| what the default run keeps (8 steps, `--keep-checkpoints 3`) | MB on disk |",
         "|---|---:|",
         f"| before: three whole checkpoints | {default_before / MB:,.0f} |",
-        f"| `--older-checkpoints exact` (default): two float32 copies without optimizer ({exact_size / MB:,.0f} "
+        f"| `--older-checkpoints exact` (default): two float32 copies, no optimizer ({exact_size / MB:,.0f} "
         f"MB each) + the newest | {default_exact / MB:,.0f} |",
         f"| `--older-checkpoints half`: two float16 copies ({half_size / MB:,.0f} MB each) "
         f"+ the newest | {default_after / MB:,.0f} |",
