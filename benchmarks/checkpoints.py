@@ -137,9 +137,7 @@ def main() -> None:
         f"| `--older-checkpoints whole`: as before | {default_before / MB:,.0f} |",
         "",
         f"Disk use falls by {100 * (1 - default_exact / default_before):.0f}% with the default (exact), "
-        f"{100 * (1 - default_after / default_before):.0f}% with half. "
-        + "; ".join(notes)
-        + ".",
+        f"{100 * (1 - default_after / default_before):.0f}% with half. " + "; ".join(notes) + ".",
         "",
         f"Precision replay loses (the scoring pass over {ids.shape[1] - 1} chat tokens, the trained "
         "float32 weights vs the older checkpoint's copy of them):",
