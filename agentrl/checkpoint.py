@@ -2,20 +2,19 @@
 
 Layout under a run directory (named by :class:`agentrl.run.RunDir`)::
 
-    checkpoints/step-000003/   model (HF save_pretrained, float16), rng.pt, state.json     older: for replay
+    checkpoints/step-000003/   model (HF save_pretrained), rng.pt, state.json                older: for replay
     checkpoints/step-000006/   model (HF save_pretrained), optimizer.pt, rng.pt, state.json  newest: resume
 
 Only the newest checkpoint is ever resumed from, so only it keeps the optimizer state (two moments per
 weight: twice the weights' size). When a newer one is in place, each older one is *compacted*
-(:func:`compact_checkpoint`): its optimizer state is deleted and, with ``older="half"`` (the default), its
-float32 weights are rewritten as float16 — what replay needs to re-score the episodes that version sampled,
-at a quarter of the full checkpoint's size. float16 keeps 11 significant bits (relative error at most
-2**-11 per weight), so a replayed log-prob moves by about 1e-3 (measured in docs/checkpoints.md); a tensor
-that does not fit float16's range stays float32, and bfloat16 weights (training on a GPU) stay as they are.
-``older="exact"`` keeps the weights bit-exact (drops only the optimizer state), ``older="whole"`` keeps
-everything (any kept checkpoint can be resumed). ``state.json`` records what compaction did under
-``"compact"``; loaders upcast half-precision weights to the model's dtype, so readers from before compaction
-existed read compacted checkpoints too.
+(:func:`compact_checkpoint`): its optimizer state is deleted, keeping the weights replay needs to re-score the
+episodes that version sampled — bit for bit with ``older="exact"`` (the default: a third of the full size).
+``older="half"`` also rewrites float32 weights as float16 (a sixth), at a measured cost: after training,
+SmolLM2's replayed log-probs move by up to ~1 (docs/checkpoints.md); a tensor that does not fit float16's
+range stays float32, and bfloat16 weights (training on a GPU) stay as they are, exactly.
+``older="whole"`` keeps everything (any kept checkpoint can be resumed). ``state.json`` records what
+compaction did under ``"compact"``; loaders upcast half-precision weights to the model's dtype, so readers
+from before compaction existed read compacted checkpoints too.
 
 ``step-N`` holds the state *after* N completed training steps, so resuming from it runs step N next (steps
 are 0-based). Each checkpoint is written to a temporary folder and renamed into place, so a kill at any moment
@@ -54,9 +53,9 @@ _OPTIMIZER = "optimizer.pt"
 _RNG = "rng.pt"
 _FP16_MAX = 65504.0
 
-OlderCheckpoints = Literal["half", "exact", "whole"]
-"""What checkpoints other than the newest keep: ``half`` (float16 weights, no optimizer state), ``exact``
-(the weights as trained, no optimizer state) or ``whole`` (everything, as the newest)."""
+OlderCheckpoints = Literal["exact", "half", "whole"]
+"""What checkpoints other than the newest keep: ``exact`` (the weights as trained, no optimizer state),
+``half`` (float16 weights, no optimizer state) or ``whole`` (everything, as the newest)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +97,7 @@ def save_checkpoint(
     state: CheckpointState,
     tokenizer: Any = None,
     keep: int = 2,
-    older: OlderCheckpoints = "half",
+    older: OlderCheckpoints = "exact",
 ) -> Checkpoint:
     """Write ``checkpoints/step-<N>`` atomically, keep only the newest ``keep`` checkpoints and compact the
     older ones as ``older`` says (see :func:`compact_checkpoint`)."""

@@ -27,6 +27,7 @@ SECTIONS = [
         "`benchmarks/async_overlap.py`",
         "async training: step time at S = 0, 1, 2 (target S = 1 ≥ 1.6x)",
     ),
+    ("checkpoints", "`benchmarks/checkpoints.py`", "checkpoint disk use of the default run, float16 cost"),
 ]
 
 

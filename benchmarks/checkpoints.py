@@ -2,8 +2,8 @@
 
 One run, side by side: the trainer's model and optimizer (``Learner`` with the default ``agentrl train``
 settings) after one real AdamW step, saved as the trainer saves (``save_checkpoint``). Step 1 is written
-whole, then step 2 is written and step 1 is compacted (``--older-checkpoints half``, the default; and
-``exact`` into a second run directory). Reported: each file's size, the default run's total (8 steps,
+whole, then step 2 is written and step 1 is compacted (``--older-checkpoints exact``, the default; and
+``half`` into a second run directory). Reported: each file's size, the default run's total (8 steps,
 ``--keep-checkpoints 3``: two compacted checkpoints and the newest whole one) before and after, the time
 compaction takes, and the precision replay loses with float16 weights: |Δ log-prob| and |Δ Σπ²| of the
 float16 copy against the float32 weights on real chat tokens (the learner's own scoring pass).
@@ -70,8 +70,9 @@ def main() -> None:
     learner.optimizer.zero_grad()
     model.eval()
     notes: list[str] = []
+    prec: dict[str, tuple[float, float, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for older in ("half", "exact"):
+        for older in ("exact", "half"):
             run = RunDir(Path(tmp) / older)
             for step in (1, 2):
                 t0 = time.perf_counter()
@@ -86,6 +87,15 @@ def main() -> None:
                 )
                 took = time.perf_counter() - t0
             full, compact = run.checkpoint(2), run.checkpoint(1)
+            # Precision: the scoring pass with the trained float32 weights vs this run's copy of them.
+            with torch.no_grad():
+                mask = torch.ones_like(ids, dtype=torch.float32)
+                ref = forward_logprobs(model, ids, mask)
+                got = forward_logprobs(load_model(compact.model_dir, dtype="float32"), ids, mask)
+            assert ref.sum_pi_squared_B_T is not None and got.sum_pi_squared_B_T is not None
+            dlp = (ref.logprobs_B_T - got.logprobs_B_T)[:, 1:].abs()
+            dsp = (ref.sum_pi_squared_B_T - got.sum_pi_squared_B_T)[:, 1:].abs()
+            prec[older] = (float(dlp.max()), float(dlp.mean()), float(dsp.max()))
             if older == "half":
                 whole = {
                     "weights (model.safetensors, float32)": size(full.model_dir / "model.safetensors"),
@@ -96,21 +106,6 @@ def main() -> None:
                 }
                 half_size, full_size = size(compact.path), size(full.path)
                 notes.append(f"save of step 2 with compaction of step 1: {took:.1f} s")
-                # Precision: the learner's scoring pass with the float32 weights vs the float16 copy.
-                copy = load_model(compact.model_dir, dtype="float32")
-                with torch.no_grad():
-                    mask = torch.ones_like(ids, dtype=torch.float32)
-                    a, b = forward_logprobs(model, ids, mask), forward_logprobs(copy, ids, mask)
-                lp32, sp32, lp16, sp16 = (
-                    a.logprobs_B_T,
-                    a.sum_pi_squared_B_T,
-                    b.logprobs_B_T,
-                    b.sum_pi_squared_B_T,
-                )
-                assert sp32 is not None and sp16 is not None
-                dlp = (lp32 - lp16)[:, 1:].abs()
-                dsp = (sp32 - sp16)[:, 1:].abs()
-                prec = (float(dlp.max()), float(dlp.mean()), float(dsp.max()), ids.shape[1] - 1)
                 assert describe_checkpoint(compact).weights_dtype == "float16"
             else:
                 exact_size = size(compact.path)
@@ -135,20 +130,21 @@ def main() -> None:
         "| what the default run keeps (8 steps, `--keep-checkpoints 3`) | MB on disk |",
         "|---|---:|",
         f"| before: three whole checkpoints | {default_before / MB:,.0f} |",
-        f"| `--older-checkpoints half` (default): two float16 copies ({half_size / MB:,.0f} MB each) "
+        f"| `--older-checkpoints exact` (default): two float32 copies, no optimizer ({exact_size / MB:,.0f} "
+        f"MB each) + the newest | {default_exact / MB:,.0f} |",
+        f"| `--older-checkpoints half`: two float16 copies ({half_size / MB:,.0f} MB each) "
         f"+ the newest | {default_after / MB:,.0f} |",
-        f"| `--older-checkpoints exact`: two float32 copies without optimizer ({exact_size / MB:,.0f} MB "
-        f"each) + the newest | {default_exact / MB:,.0f} |",
         f"| `--older-checkpoints whole`: as before | {default_before / MB:,.0f} |",
         "",
-        f"Disk use falls by {100 * (1 - default_after / default_before):.0f}% with the default. "
-        + "; ".join(notes)
-        + ".",
+        f"Disk use falls by {100 * (1 - default_exact / default_before):.0f}% with the default (exact), "
+        f"{100 * (1 - default_after / default_before):.0f}% with half. " + "; ".join(notes) + ".",
         "",
-        f"Precision replay loses with a float16 copy (the learner's scoring pass over {prec[3]} chat tokens, "
-        f"float32 weights vs their float16 copy): max |Δ log-prob| {prec[0]:.2g}, mean {prec[1]:.2g}; "
-        f"max |Δ Σπ²| {prec[2]:.2g}. `agentrl replay --step N` from a float16 copy compares metrics within "
-        "rtol 1e-2 / atol 1e-3 and says so.",
+        f"Precision replay loses (the scoring pass over {ids.shape[1] - 1} chat tokens, the trained "
+        "float32 weights vs the older checkpoint's copy of them):",
+        "",
+        "| older checkpoint | max abs Δ log-prob | mean abs Δ log-prob | max abs Δ Σπ² |",
+        "|---|---:|---:|---:|",
+        *[f"| `{k}` | {v[0]:.2g} | {v[1]:.2g} | {v[2]:.2g} |" for k, v in prec.items()],
         "",
     ]
     Path(args.out).write_text("\n".join(lines))

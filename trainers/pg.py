@@ -129,10 +129,10 @@ class TrainConfig:
     """Write a checkpoint every this many steps (and at the end, and on SIGINT/SIGTERM)."""
     keep_checkpoints: int = 3
     """Checkpoints kept on disk (older ones are deleted; replay --step needs the one of that step)."""
-    older_checkpoints: Literal["half", "exact", "whole"] = "half"
-    """What kept checkpoints other than the newest hold: half (float16 weights, no optimizer state: a quarter
-    of the size; replayed log-probs move by ~1e-3), exact (trained weights, no optimizer state) or whole
-    (everything: each one can be resumed). See docs/checkpoints.md."""
+    older_checkpoints: Literal["exact", "half", "whole"] = "exact"
+    """What kept checkpoints other than the newest hold: exact (the trained weights, no optimizer state: a
+    third of a whole one), half (float16 weights: a sixth, but replayed log-probs of a trained float32 model
+    move by up to ~1) or whole (everything: each one can be resumed). See docs/checkpoints.md."""
     max_staleness: int = 0
     """Asynchronous training: the next steps' episodes run while the learner updates, and a trajectory may be
     at most this many versions older than the learner that trains on it (0 = synchronous, lock-step).

@@ -41,7 +41,7 @@ def test_only_the_newest_keeps_optimizer_state_and_older_ones_are_half(tmp_path,
     model, opt = trained(tok)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     for step in (1, 2, 3, 4):
-        save(run, model, opt, step, keep=3)
+        save(run, model, opt, step, keep=3, older="half")
     assert run.checkpoint_steps() == (2, 3, 4)
     newest, older = run.checkpoint(4), [run.checkpoint(2), run.checkpoint(3)]
     assert (newest.path / "optimizer.pt").is_file()
@@ -82,10 +82,12 @@ def test_only_the_newest_keeps_optimizer_state_and_older_ones_are_half(tmp_path,
 
 def test_exact_and_whole_keep_what_they_say(tmp_path, tok):
     model, opt = trained(tok)
-    for older, has_opt, dtype in (("exact", False, "float32"), ("whole", True, "float32")):
-        run = RunDir(tmp_path / older)
-        for step in (1, 2):
-            save(run, model, opt, step, keep=3, older=older)
+    cases = ((None, False, "float32"), ("exact", False, "float32"), ("whole", True, "float32"))
+    for older, has_opt, dtype in cases:
+        run = RunDir(tmp_path / str(older))
+        for step in (1, 2):  # None: the default, exact
+            save(run, model, opt, step, keep=3, **({} if older is None else {"older": older}))
+        assert describe_checkpoint(run.checkpoint(2)).optimizer
         d = describe_checkpoint(run.checkpoint(1))
         assert (d.optimizer, d.weights_dtype, d.exact) == (has_opt, dtype, True), older
     with pytest.raises(ConfigError, match="older must be"):
@@ -125,4 +127,15 @@ def test_checkpoints_from_before_compaction_load_and_get_compacted(tmp_path, tok
     shutil.copytree(run.path, old_copy)
     save(run, model, opt, 3, keep=3)
     assert [describe_checkpoint(c).optimizer for c in run.checkpoints()] == [False, False, True]
+    assert all(describe_checkpoint(c).exact for c in run.checkpoints())
     assert describe_checkpoint(RunDir(old_copy).checkpoint(1)).optimizer  # the copy was left alone
+
+
+def test_a_config_json_from_before_the_setting_loads_with_the_default():
+    from agentrl.config import config_from_dict, config_to_dict
+    from agentrl.trainers.pg import RESUMABLE, TrainConfig
+
+    old = config_to_dict(TrainConfig())
+    del old["older_checkpoints"]  # what runs before lean checkpoints recorded
+    assert config_from_dict(TrainConfig, old).older_checkpoints == "exact"
+    assert "older_checkpoints" in RESUMABLE  # a resumed run may change it: it is not part of the experiment

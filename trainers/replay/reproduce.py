@@ -31,12 +31,12 @@ __all__ = [
 ]
 
 HALF_RTOL = 5e-3
-"""Relative tolerance of a step reproduced from float16 weights (an older, compacted checkpoint): rounding
-each weight to 11 significant bits moves log-probs by up to ~1e-3 and the step's metrics by well under
-0.5% (docs/checkpoints.md)."""
+"""Relative tolerance of a step reproduced from float16 weights (a checkpoint compacted with
+``--older-checkpoints half``). Rounding each weight to 11 significant bits moves a tiny model's metrics by
+well under 0.5%; a trained SmolLM2's log-probs move by up to ~1 (docs/checkpoints.md), so its steps may not
+reproduce even so: the report names the float16 copy."""
 HALF_ATOL = 1e-3
-"""Absolute tolerance of a step reproduced from float16 weights (log-prob differences such as
-``learn/sampler_mismatch_max`` move by up to ~1e-3)."""
+"""Absolute tolerance of a step reproduced from float16 weights (see :data:`HALF_RTOL`)."""
 
 
 @dataclass(frozen=True)
