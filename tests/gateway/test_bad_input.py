@@ -25,8 +25,9 @@ def body(**over):
 
 @pytest.fixture
 async def gw(renderer, tmp_path):
-    async with Gateway(scripted(renderer), renderer, store=JsonlStore(tmp_path / "trajectories.jsonl")) as g:
-        yield g
+    with JsonlStore(tmp_path / "trajectories.jsonl") as store:
+        async with Gateway(scripted(renderer), renderer, store=store) as g:
+            yield g
 
 
 @pytest.fixture
