@@ -169,7 +169,8 @@ def test_staleness_bound_holds_with_random_real_latencies(tmp_path, tok, seed):
 
 
 def test_resume_keeps_the_bound_and_reuses_groups_it_may(tmp_path, tok):
-    cfg = _cfg(tmp_path, "res", max_staleness=1, steps=4)
+    # Every checkpoint stays resumable (whole): the test resumes from an older one, as a kill would leave it.
+    cfg = _cfg(tmp_path, "res", max_staleness=1, steps=4, older_checkpoints="whole")
     run = Path(_run(cfg, _sampler(tok, delay_s=0.01)))
     # As if killed after step 0's checkpoint (step-1): the groups of steps 1..3 are on disk, the updates
     # of steps 1..3 are lost. Groups sampled by versions <= 1 were sampled by weights the resumed run has.
