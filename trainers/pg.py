@@ -447,9 +447,18 @@ async def _held_out(s: _Session, pool: Any, label: str) -> EvalReport | None:
     if not s.cfg.eval.tasks or s.agent is not None:
         return None
     clear = getattr(s.policy, "clear_cache", None)
-    report = await run_held_out(
-        s.policy, s.renderer, s.cfg.env, _env_kwargs(s.cfg, pool), s.cfg.eval, s.cfg.rollout, s.run_dir, label
+    env_kwargs = _env_kwargs(s.cfg, pool)
+    run = asyncio.ensure_future(
+        run_held_out(s.policy, s.renderer, s.cfg.env, env_kwargs, s.cfg.eval, s.cfg.rollout, s.run_dir, label)
     )
+    stop = asyncio.ensure_future(s.stop.wait())
+    await asyncio.wait({run, stop}, return_when=asyncio.FIRST_COMPLETED)
+    stop.cancel()
+    if not run.done():  # SIGINT/SIGTERM: the evaluation is not worth waiting for
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        return None
+    report = run.result()
     if callable(clear):
         clear()  # the eval's prompts are not the training tasks': give their KV back
     return report
