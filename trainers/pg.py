@@ -475,7 +475,7 @@ async def _train(cfg: TrainConfig, run: RunDir, runtime: RuntimeFactory | None, 
                 f"(setup {time.perf_counter() - t0:.1f}s)"
             )
             session = _Session(cfg, run, rt, store, metrics, stop, first_step=start)
-            before = await _held_out(rt, "untrained")
+            before = await _held_out(rt, "untrained", stop)
 
             async def after_step(step: int) -> None:
                 if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
@@ -496,7 +496,7 @@ async def _train(cfg: TrainConfig, run: RunDir, runtime: RuntimeFactory | None, 
                 if latest is None or latest.step != step:
                     await rt.save_checkpoint(run, step, keep=cfg.keep_checkpoints)
             if not stop.is_set() and before is not None:
-                after = await _held_out(rt, "trained")
+                after = await _held_out(rt, "trained", stop)
                 if after is not None:
                     write_comparison(run_dir, before, after)
     finally:
@@ -510,11 +510,22 @@ async def _train(cfg: TrainConfig, run: RunDir, runtime: RuntimeFactory | None, 
     return run_dir
 
 
-async def _held_out(rt: TrainRuntime, label: str) -> EvalReport | None:
+async def _held_out(rt: TrainRuntime, label: str, stop: asyncio.Event) -> EvalReport | None:
     """The held-out evaluation, where the runtime offers one (the local runtime does, except with --agent,
-    whose task source may have no test split)."""
+    whose task source may have no test split); SIGINT/SIGTERM cancel it (not worth waiting for)."""
     held_out = getattr(rt, "held_out", None)
-    return await held_out(label) if held_out is not None else None
+    if held_out is None:
+        return None
+    run = asyncio.ensure_future(held_out(label))
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({run, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not run.done():
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        return None
+    report: EvalReport | None = run.result()
+    return report
 
 
 async def _train_step(s: _Session, step: int) -> bool:
