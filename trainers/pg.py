@@ -327,8 +327,8 @@ RESUMABLE = frozenset(
         "rollout_workers",
         "inference_servers",
         "learners",
+        "weights_dir",
     }
-    | {"weights_dir"}
 )
 """Settings a resumed run may change (where it runs is not part of the experiment)."""
 
