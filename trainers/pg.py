@@ -52,7 +52,7 @@ from agentrl.run import ModelSpec, RunDir
 from agentrl.staleness import Admission, OnStale
 from agentrl.trainers.evaluate import EvalConfig, EvalReport, write_comparison
 from agentrl.trainers.runtime import TrainRuntime
-from agentrl.trainers.step_metrics import episode_metrics, format_row, token_limit_warning
+from agentrl.trainers.step_metrics import Progress, episode_metrics, format_row, token_limit_warning
 
 __all__ = [
     "RuntimeFactory",
@@ -346,34 +346,6 @@ def _complete_groups(run: RunDir, step: int, group_size: int) -> list[Trajectory
     return [g for g in read_groups(path, size=group_size) if g[0].meta.step == step]
 
 
-class _Progress:
-    """A tqdm bar when available and wanted; a no-op otherwise."""
-
-    def __init__(self, enabled: bool, total: int, desc: str):
-        self.bar = None
-        if enabled:
-            try:
-                from tqdm.auto import tqdm
-
-                self.bar = tqdm(total=total, desc=desc, unit="ep", leave=False, dynamic_ncols=True)
-            except ImportError:
-                pass
-
-    def update(self, n: int = 1, **postfix: Any) -> None:
-        if self.bar is not None:
-            self.bar.update(n)
-            if postfix:
-                self.bar.set_postfix(postfix, refresh=False)
-
-    def set(self, desc: str) -> None:
-        if self.bar is not None:
-            self.bar.set_description(desc)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 # ---------------------------------------------------------------------------------------------------
 _WHERE_IT_RUNS = ("ray", "rollout_workers", "inference_servers", "learners", "weights_dir")
 _OUTPUT = ("steps", "resume", "out", "progress", "loggers", "older_checkpoints", "eval")
@@ -539,7 +511,7 @@ async def _train_step(s: _Session, step: int) -> bool:
     reused = sum(len(g) for g in groups)
     todo = [seed for seed in seeds if f"{cfg.env}:{seed}" not in reused_tasks]
     total = len(todo) * cfg.group_size
-    bar = _Progress(cfg.progress, total, f"step {step} rollout")
+    bar = Progress(cfg.progress, total, f"step {step} rollout")
     meta = TrajectoryMeta(env_id=cfg.env, step=step, policy_version=runtime.version)
 
     async def rollout() -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from agentrl.episode import RolloutConfig
 from agentrl.types import StopReason, ToolStatus, Trajectory
 
-__all__ = ["TOKEN_LIMIT_STOPS", "episode_metrics", "format_row", "token_limit_warning"]
+__all__ = ["TOKEN_LIMIT_STOPS", "Progress", "episode_metrics", "format_row", "token_limit_warning"]
 
 
 TOKEN_LIMIT_STOPS = frozenset({StopReason.TURN_TOKENS, StopReason.MAX_TOKENS})
@@ -83,3 +84,34 @@ def format_row(step: int, row: dict[str, float]) -> str:
     ]
     parts = [f"{short}={row[k]:.3g}" for k, short in keys if isinstance(row.get(k), int | float)]
     return f"step {step}: " + " ".join(parts)
+
+
+class Progress:
+    """A tqdm bar when available and wanted; a no-op otherwise."""
+
+    def __init__(self, enabled: bool, total: int, desc: str):
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm.auto import tqdm
+
+                self.bar = tqdm(total=total, desc=desc, unit="ep", leave=False, dynamic_ncols=True)
+            except ImportError:
+                pass
+
+    def update(self, n: int = 1, **postfix: Any) -> None:
+        """Advance by ``n`` episodes and show ``postfix``."""
+        if self.bar is not None:
+            self.bar.update(n)
+            if postfix:
+                self.bar.set_postfix(postfix, refresh=False)
+
+    def set(self, desc: str) -> None:
+        """Change the bar's label."""
+        if self.bar is not None:
+            self.bar.set_description(desc)
+
+    def close(self) -> None:
+        """Remove the bar."""
+        if self.bar is not None:
+            self.bar.close()
