@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from agentrl.errors import ConfigError
+from agentrl.groups import TrajectoryGroup
 from agentrl.types import TokenSource, Trajectory
 
 __all__ = [
@@ -239,7 +240,7 @@ class Admission:
         return StepPlan(step, tuple(trained), tuple(dropped), tuple(staleness))
 
 
-def oldest_version(trajectories: Sequence[Trajectory]) -> int:
+def oldest_version(trajectories: Sequence[Trajectory] | TrajectoryGroup) -> int:
     """The oldest policy version among the tokens of ``trajectories`` (a group)."""
     if not trajectories:
         raise ConfigError("a group needs at least one trajectory")

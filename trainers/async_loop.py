@@ -40,7 +40,7 @@ from agentrl import TrajectoryGroup, TrajectoryMeta, read_groups
 from agentrl.staleness import Admission, Lease, oldest_version
 
 if TYPE_CHECKING:
-    from agentrl.trainers.pg import _Session
+    from agentrl.trainers.train_setup import _Session
 
 __all__ = ["GroupRunner", "local_group_runner", "train_async"]
 
@@ -89,8 +89,8 @@ async def train_async(
     """Train steps ``s.first_step`` .. ``cfg.steps − 1`` with generation overlapping learning; call
     ``after_step(k)`` after each (checkpointing). Returns the next step to train: ``cfg.steps``, or the
     step during which a stop was requested. ``run_group`` runs one group (default: in this process)."""
-    from agentrl.trainers.pg import task_seeds
     from agentrl.trainers.step_metrics import episode_metrics, format_row
+    from agentrl.trainers.train_setup import task_seeds
 
     cfg, runtime = s.cfg, s.runtime
     runner = run_group or local_group_runner(s)

@@ -19,9 +19,9 @@ from agentrl.protocols import UpdatablePolicy
 from agentrl.rollout import EpisodeDone, run_groups
 from agentrl.run import RunDir
 from agentrl.scores import save_step_scores
-from agentrl.trainers import pg
+from agentrl.trainers import train_setup as pg
 from agentrl.trainers.evaluate import EvalReport, run_held_out
-from agentrl.trainers.pg import TrainConfig
+from agentrl.trainers.train_setup import TrainConfig
 from agentrl.types import TrajectoryMeta
 from agentrl.update import policy_update
 

@@ -518,7 +518,8 @@ class GenerationEngine:
             **kwargs,
         )
         self._time["forward"] += time.perf_counter() - t0
-        return out.logits[:, -1, :]
+        last_B_V: torch.Tensor = out.logits[:, -1, :]
+        return last_B_V
 
     # -- sampling and retirement -------------------------------------------------------------------
     def _sample(self, rows: list[_Row], logits_B_V: torch.Tensor) -> None:

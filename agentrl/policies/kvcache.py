@@ -76,7 +76,7 @@ class _SlotLayer(CacheLayerMixin):
     is_sliding = False
 
     def __init__(self, owner: SlotCache, index: int):
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # transformers' cache layer is unannotated
         self.owner = owner
         self.index = index
         self.is_initialized = True

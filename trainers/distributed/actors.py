@@ -52,7 +52,7 @@ def hf_policy_factory(cfg: Any, version: int) -> UpdatablePolicy:
     """The sampler ``agentrl train`` would use in one process (HF on CPU/GPU, or vLLM with
     ``--policy vllm``), built from the run's model spec."""
     from agentrl.models import resolve_model
-    from agentrl.trainers import pg
+    from agentrl.trainers import train_setup as pg
 
     loaded = resolve_model(pg.model_spec(cfg))
     renderer = ChatRenderer(loaded.tokenizer)
@@ -257,7 +257,7 @@ class RolloutWorker:
     async def _env_factory(self) -> Callable[[], Any]:
         if self._make_env is None:
             from agentrl.sandbox import LocalSandbox, SandboxPool
-            from agentrl.trainers import pg
+            from agentrl.trainers import train_setup as pg
 
             conc = self.cfg.rollout.concurrency
             self._pool = await SandboxPool(LocalSandbox, size=conc, max_waiting=4 * conc).__aenter__()
@@ -293,7 +293,7 @@ class RolloutWorker:
             group_id=lease.group_id,
             episode_id=f"{lease.group_id}-m{member}",
         )
-        from agentrl.trainers.pg import rollout_config
+        from agentrl.trainers.train_setup import rollout_config
 
         rollout = rollout_config(self.cfg, int(meta.step or 0))  # the step's seed, as single-process
         for attempt in range(self.episode_retries + 1):

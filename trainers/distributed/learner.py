@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 from agentrl.groups import TrajectoryGroup
 from agentrl.run import RunDir
@@ -59,7 +60,7 @@ class LearnerActor:
         from agentrl.chat import ChatRenderer
         from agentrl.learner import Learner, wrap_fsdp
         from agentrl.models import resolve_model
-        from agentrl.trainers import pg
+        from agentrl.trainers import train_setup as pg
 
         torch.manual_seed(self.cfg.seed)
         loaded = resolve_model(pg.model_spec(self.cfg))
@@ -79,7 +80,7 @@ class LearnerActor:
         """Load the run's newest checkpoint (weights and optimizer); return its step (0 when none)."""
         from agentrl.checkpoint import load_checkpoint
 
-        ckpt = RunDir(run_path).latest_checkpoint()
+        ckpt = RunDir(Path(run_path)).latest_checkpoint()
         if ckpt is None:
             return 0
         if self.world == 1:
@@ -114,7 +115,7 @@ class LearnerActor:
         state = CheckpointState(step, step, {"next_step": step})
         if self.world == 1:
             save_checkpoint(
-                RunDir(run_path),
+                RunDir(Path(run_path)),
                 model=self.model,
                 optimizer=self.learner.optimizer,
                 tokenizer=self.tokenizer,
@@ -133,9 +134,9 @@ class LearnerActor:
         )
         if self.rank == 0:
             save_checkpoint(
-                RunDir(run_path),
+                RunDir(Path(run_path)),
                 model=_Plain(self.cfg, full),
-                optimizer=_Saved(optim),
+                optimizer=cast(Any, _Saved(optim)),  # a saved state, not a live optimizer
                 tokenizer=self.tokenizer,
                 state=state,
                 keep=keep,
@@ -174,7 +175,7 @@ class LearnerActor:
 
 def _plain_model(cfg: Any) -> Any:
     from agentrl.models import resolve_model
-    from agentrl.trainers import pg
+    from agentrl.trainers import train_setup as pg
 
     return resolve_model(pg.model_spec(cfg), tokenizer=False).model
 

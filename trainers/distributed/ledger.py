@@ -160,9 +160,9 @@ class GroupLedger:
             self.entries[key] = LedgerEntry(
                 key[0], key[1], state, int(rec.get("attempt", 0)), reason=str(rec.get("reason", ""))
             )
-        for key, e in self.entries.items():
-            if e.state is GroupState.LEASED:  # its worker belonged to the driver that died
-                self.entries[key] = replace(e, state=GroupState.PENDING, reason="driver restarted")
+        for key, entry in self.entries.items():
+            if entry.state is GroupState.LEASED:  # its worker belonged to the driver that died
+                self.entries[key] = replace(entry, state=GroupState.PENDING, reason="driver restarted")
 
     def close(self) -> None:
         """Close the ledger file."""

@@ -284,10 +284,10 @@ class RayRuntime:
                     if e.key in keys:
                         self.ledger.release(e.key, e.group_id, f"lease expired on {e.worker}")
                 for name in list(busy):
-                    while busy.get(name, slots) < slots and (e := self.ledger.lease(name)) is not None:
-                        lease = GroupLease(e.step, e.seed, e.group_id, group_size, meta)
+                    while busy.get(name, slots) < slots and (got := self.ledger.lease(name)) is not None:
+                        lease = GroupLease(got.step, got.seed, got.group_id, group_size, meta)
                         ref = self.workers[name].run_group.remote(lease)
-                        running[asyncio.wrap_future(ref.future())] = (e.key, e.group_id, name, ref)
+                        running[asyncio.wrap_future(ref.future())] = (got.key, got.group_id, name, ref)
                         busy[name] += 1
                 states = [self.ledger.entries[k].state.value for k in keys]
                 if all(s in ("done", "dropped", "trained") for s in states):

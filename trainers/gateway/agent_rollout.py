@@ -98,7 +98,7 @@ def load_agent(spec: str) -> AgentFn:
         raise ConfigError(
             f"--agent {spec!r}: {name} must be an async function: async def {name}(task, base_url)"
         )
-    return fn  # type: ignore[return-value]
+    return fn
 
 
 # -------------------------------------------------------------------------------------------------

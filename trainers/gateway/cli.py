@@ -82,7 +82,7 @@ async def serve(
     from agentrl import JsonlStore
     from agentrl.chat import ChatRenderer
     from agentrl.models import resolve_model
-    from agentrl.trainers.pg import TrainConfig, make_policy, model_spec
+    from agentrl.trainers.train_setup import TrainConfig, make_policy, model_spec
 
     from .server import Gateway
 

@@ -14,8 +14,8 @@ from agentrl.groups import group_trajectories
 from agentrl.learner import Learner
 from agentrl.learner.correction import Correction
 from agentrl.replay import Run
-from agentrl.trainers.pg import tokenizer_pad_id
 from agentrl.trainers.replay.weights import exact_weights, load_tokenizer_for, load_weights, train_config
+from agentrl.trainers.train_setup import tokenizer_pad_id
 from agentrl.types import Trajectory
 from agentrl.update import policy_update, score_and_credit
 

