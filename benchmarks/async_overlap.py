@@ -37,6 +37,9 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "async.md"
 
 
 def run_one(S: int, args: argparse.Namespace, out: Path) -> dict[str, float]:
+    import functools
+
+    import agentrl.trainers.local as local
     import agentrl.trainers.pg as pg
     from agentrl.learner import Learner, LearnerConfig
     from agentrl.metrics import read_metrics
@@ -75,14 +78,14 @@ def run_one(S: int, args: argparse.Namespace, out: Path) -> dict[str, float]:
         learner=LearnerConfig(lr=1e-3),
         checkpoint_every=10_000,  # only the last step writes one: the benchmark times the loop
     )
-    original = pg.Learner
-    pg.Learner = SleepyLearner  # type: ignore[misc]
+    original = local.Learner
+    local.Learner = SleepyLearner  # type: ignore[misc]
     try:
         t0 = time.perf_counter()
-        asyncio.run(pg.train(cfg, sampler=sink))
+        asyncio.run(pg.train(cfg, runtime=functools.partial(local.local_runtime, sampler=sink)))
         total = time.perf_counter() - t0
     finally:
-        pg.Learner = original  # type: ignore[misc]
+        local.Learner = original  # type: ignore[misc]
     rows = read_metrics(cfg.out)[1:]  # step 0 pays for warm-up
     idle = [r.get("async/learner_idle_frac", r["time/rollout_s"] / r["time/step_s"]) for r in rows]
     return {

@@ -6,8 +6,8 @@
 
 Two runtimes implement it:
 
-* :class:`agentrl.trainers.local.LocalRuntime` (the default): the learner, the sampler and the environments all
-  in this process, exactly the single-process trainer.
+* :class:`agentrl.trainers.local.LocalRuntime` (the default): the learner, the sampler and the environments
+  all in this process, exactly the single-process trainer.
 * :class:`agentrl.trainers.distributed.RayRuntime` (``--ray ADDRESS``): rollout workers, inference servers
   and a learner group as Ray actors, behind a controller with a persisted group ledger.
 
