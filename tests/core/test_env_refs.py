@@ -112,7 +112,7 @@ class _Graded(Env):
 
     async def reset(self, *, seed=None, options=None):
         self.seed(seed)
-        return (Message("user", "say yes"),), {}
+        return (Message("user", f"say yes (task {self.rng.randrange(1000)})"),), {}
 
     async def step(self, action):
         if self.broken == "raises" and action.text == "yes":

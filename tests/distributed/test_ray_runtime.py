@@ -23,7 +23,7 @@ from agentrl.metrics import read_metrics
 from agentrl.models import resolve_model
 from agentrl.rollout import RolloutConfig
 from agentrl.run import RunDir
-from agentrl.trainers import pg
+from agentrl.trainers import pg, train_setup
 from agentrl.trainers.distributed import GroupLedger, GroupState, RayOptions, ray_runtime
 from agentrl.trainers.distributed.scripted import ScriptedTIRFactory, ScriptedTIRPolicy
 from agentrl.types import StopReason, TrajectoryMeta
@@ -111,7 +111,7 @@ async def finish_step(rt, groups, version):
 async def test_one_worker_server_learner_equals_the_single_process_trainer(cluster, tmp_path, monkeypatch):
     # Single process: the same scripted sampler in place of HFPolicy.
     monkeypatch.setattr(
-        pg,
+        train_setup,  # where the local runtime builds its sampler
         "make_policy",
         lambda cfg, model, tok, renderer, device, *, version: ScriptedTIRPolicy(tok, version=version),
     )
