@@ -82,9 +82,12 @@ class ScriptedTIR:
 def main(out: str) -> int:
     from agentrl.learner import LearnerConfig
     from agentrl.rollout import RolloutConfig
-    from agentrl.trainers import pg
+    from agentrl.trainers import local, pg, train_setup
 
-    pg.HFPolicy = ScriptedTIR  # type: ignore[misc,assignment]
+    # Where the sampler is built (train_setup) and where the local runtime recognises one sharing the
+    # learner's model (local): the scripted sampler stands in for HFPolicy in both.
+    train_setup.HFPolicy = ScriptedTIR  # type: ignore[misc,assignment]
+    local.HFPolicy = ScriptedTIR  # type: ignore[misc,assignment]
     cfg = pg.TrainConfig(
         model="tiny",
         env="math-tir-v0",
