@@ -167,16 +167,18 @@ def _install(static_ref: str | None) -> None:
 
     import agentrl.learner as learner_mod
     import agentrl.policies.hf as hf_mod
-    import agentrl.trainers.pg as pg
+    import agentrl.trainers.local as local
+    import agentrl.trainers.train_setup as train_setup
 
     if static_ref is not None:  # the old static-batch policy, to separate the generation path's share
         from generation import static_policy_class  # benchmarks/generation.py
 
-        pg.HFPolicy = hf_mod.HFPolicy = static_policy_class(static_ref)
-    _wrap(pg, "resolve_model", "model load")
-    _wrap(pg, "policy_update", "learn")
-    _wrap(pg, "save_checkpoint", "checkpoint")
-    _wrap(pg, "run_held_out", "held-out eval")
+        train_setup.HFPolicy = local.HFPolicy = hf_mod.HFPolicy = static_policy_class(static_ref)
+    # The local runtime (trainers/local.py) loads the model, learns, checkpoints and evaluates.
+    _wrap(local, "resolve_model", "model load")
+    _wrap(local, "policy_update", "learn")
+    _wrap(local, "save_checkpoint", "checkpoint")
+    _wrap(local, "run_held_out", "held-out eval")
     _wrap(learner_mod.Learner, "score", "score (no grad)")
     _wrap(learner_mod.Learner, "step", "policy step")
     _wrap(learner_mod.Learner, "_clip_grad", "grad clip")
@@ -185,7 +187,7 @@ def _install(static_ref: str | None) -> None:
     _wrap(torch.Tensor, "backward", "backward")
 
     # The rollout: from a step's first generate to its policy update.
-    policy_cls = pg.HFPolicy
+    policy_cls = train_setup.HFPolicy
     gen = policy_cls.generate
 
     @functools.wraps(gen)
@@ -196,7 +198,7 @@ def _install(static_ref: str | None) -> None:
         return await gen(self, *a, **k)
 
     policy_cls.generate = generate
-    update = pg.policy_update
+    update = local.policy_update
 
     @functools.wraps(update)
     def policy_update(learner: Any, *a: Any, **k: Any) -> Any:
@@ -207,7 +209,7 @@ def _install(static_ref: str | None) -> None:
         PROBE.persistent = _persistent(learner)
         return out
 
-    pg.policy_update = policy_update
+    local.policy_update = policy_update
 
 
 def _persistent(learner: Any) -> dict[str, float]:
