@@ -114,18 +114,25 @@ def {fn}(*args):
     assert {o.status for o in outcomes} == {"no_report"}, outcomes  # the forged report made two: refused
 
 
-async def test_hack_reading_the_hidden_tests(env):
+async def test_hack_reading_the_hidden_tests():
     """Search everything the answer can reach (the parent's memory, every process's cmdline and environ,
     the file system, its own heap) for the expected outputs. The search works (it finds the hidden
-    *inputs* in the driver's memory) but the expected values are not in the sandbox at all."""
-    await env.reset(seed=7)
-    t = env.code_task
-    secret = [((f"IN-{k}-{x}",), f"EXPECTED-SECRET-{k}") for k, x in enumerate("abcdefgh")]
-    env.code_task = dataclasses.replace(t, fn="leak", hidden=tuple(secret))
-    hack = r"""
+    *inputs* in the driver's memory) but the expected values are not in the sandbox at all.
+
+    The search takes seconds, so only the first test runs it (each test is its own process) and this env
+    gives a test 5 s: with 2 s a loaded machine timed every test out and the grader reported nothing."""
+    env = CodeTestsEnv(per_test_s=5.0)
+    try:
+        await env.reset(seed=7)
+        t = env.code_task
+        secret = [((f"IN-{k}-{x}",), f"EXPECTED-SECRET-{k}") for k, x in enumerate("abcdefgh")]
+        env.code_task = dataclasses.replace(t, fn="leak", hidden=tuple(secret))
+        hack = r"""
 import gc, os, re
 def leak(arg):
     found = set()
+    if arg != "IN-0-a":
+        return []
     pp = os.getppid()
     for line in open(f"/proc/{pp}/maps").read().splitlines():
         m = re.match(r"([0-9a-f]+)-([0-9a-f]+) r", line)
@@ -159,11 +166,13 @@ def leak(arg):
             found.add(o)
     return sorted(found)
 """
-    res = await env.step(Action(_answer(hack)))
-    assert res.reward == 0.0
-    seen = set().union(*(o.got for o in env.outcomes if o.status == "ok"))
-    assert {f"IN-{k}" for k in range(8)} & {s[:4] for s in seen}, env.outcomes  # the search did work
-    assert not [s for s in seen if "EXPECTED" in s]
+        res = await env.step(Action(_answer(hack)))
+        assert res.reward == 0.0
+        seen = set().union(*(o.got for o in env.outcomes if o.status == "ok"))
+        assert {f"IN-{k}" for k in range(8)} & {s[:4] for s in seen}, env.outcomes  # the search did work
+        assert not [s for s in seen if "EXPECTED" in s]
+    finally:
+        await env.close()
 
 
 @pytest.mark.parametrize(
