@@ -34,6 +34,7 @@ def train(S: int, out: Path, args: argparse.Namespace) -> float:
         "--max-staleness", str(S),
         "--out", str(out),
         "--no-progress",
+        "--eval.tasks", str(args.eval_tasks),
     ]  # fmt: skip
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -50,6 +51,12 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=2)
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument(
+        "--eval-tasks",
+        type=int,
+        default=0,
+        help="held-out evaluation at both ends (0: off; the curves are training reward)",
+    )
     ap.add_argument("--timeout", type=int, default=3600)
     args = ap.parse_args()
     import matplotlib

@@ -73,8 +73,10 @@ class TrainConfig:
     """Episodes per task; they share a group for credit assignment."""
     groups_per_step: int = 4
     """Tasks per training step."""
-    steps: int = 8
-    """Training steps to run (a resumed run continues up to this many)."""
+    steps: int = 5
+    """Training steps to run (a resumed run continues up to this many). The default (5 steps at lr 3e-6)
+    keeps the whole default run, both held-out evaluations included, near 10 minutes on a 2-core CPU; see
+    docs/benchmarks.md for its held-out gain over seeds."""
     out: str | None = None
     """Run directory (default: runs/<env>-<time>)."""
     resume: str | None = None
@@ -102,7 +104,7 @@ class TrainConfig:
     """How episodes run: turn and token limits, sampling, concurrency (the HF policy batches the turns of
     the episodes in flight)."""
     learner: LearnerConfig = field(
-        default_factory=lambda: LearnerConfig(lr=2e-6, micro_batch_tokens=512, chunk_size=256)
+        default_factory=lambda: LearnerConfig(lr=3e-6, micro_batch_tokens=512, chunk_size=256)
     )
     """Loss, optimizer and memory settings. The defaults keep the default run under 4 GiB resident: a
     135M fp32 model saves ~1.5 MB of activations per token for backward, so a micro-batch holds ~512
