@@ -43,7 +43,9 @@ class LearnerConfig:
     reported)."""
     micro_batch_tokens: int | None = None
     """Padded tokens (rows × longest row) per micro-batch; rows are packed longest first; None = the
-    whole batch at once. A row longer than the budget gets a micro-batch of its own."""
+    whole batch at once. A row longer than the budget gets a micro-batch of its own, run with activation
+    checkpointing (HF models) so that one long episode cannot raise the update's memory peak above what
+    the budget allows."""
     lr: float = 1e-6
     """Learning rate of the default AdamW (ignored when an optimizer is passed)."""
     weight_decay: float = 0.0
@@ -114,6 +116,8 @@ class LearnerStats:
     """Forward/backward passes taken."""
     skipped: bool
     """True when the update was skipped because the gradient was not finite."""
+    recomputed_micro_batches: int = 0
+    """Micro-batches over ``micro_batch_tokens`` (one long row) run with activation checkpointing."""
 
     def to_dict(self, prefix: str = "actor/") -> dict[str, float]:
         """Flat metrics for a logger."""

@@ -8,8 +8,8 @@ the gradient.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -106,6 +106,30 @@ class Learner:
         if not self.config.bf16_autocast:
             return nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
+    @contextmanager
+    def _recompute(self, on: bool) -> Iterator[bool]:
+        """Activation checkpointing for one micro-batch (forward and backward) when ``on`` and the model
+        supports it (HF models; always on already with ``gradient_checkpointing``); yields whether it is."""
+        model = self.model
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        disable = getattr(model, "activation_checkpointing_disable", None)
+        usable = (
+            on
+            and not self.config.gradient_checkpointing
+            and getattr(model, "supports_gradient_checkpointing", False)
+            and callable(enable)
+            and callable(disable)
+        )
+        if not usable:
+            yield False
+            return
+        assert callable(enable) and callable(disable)
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        try:
+            yield True
+        finally:
+            disable()
 
     def _micro(self, batch: TokenBatch) -> list[list[int]]:
         return plan_micro_batches(batch.lengths_B.tolist(), self.config.micro_batch_tokens)
@@ -222,42 +246,24 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         sums = dict.fromkeys(("loss", "pg", "kl", "ent", "clip", "akl"), 0.0)
         ratio_max = 0.0
+        recomputed = 0
+        budget = cfg.micro_batch_tokens
         for rows, dummy in plans:
             mb = batch.select(rows)
             idx = torch.as_tensor(rows, device=dev)
             t = mb.seq_len
-            w = weight[idx, :t] * (0.0 if dummy else 1.0)
-            m = mb.loss_mask_B_T
-            a = adv[idx, :t]
-            out = self._forward(self.model, mb, spi2=False, entropy=True)
-            lp = out.logprobs_B_T
-            assert out.entropy_B_T is not None
-            ent = out.entropy_B_T
-            pg, clipped = policy_loss(
-                lp,
-                mb.old_logprobs_B_T,
-                torch.where(m != 0, a, torch.zeros_like(a)),
-                kind=cfg.policy_loss,
-                clip_eps_low=cfg.clip_eps_low,
-                clip_eps_high=cfg.clip_eps_high,
-                dual_clip_c=cfg.dual_clip_c,
-            )
-            per_tok = pg
-            kl = torch.zeros_like(lp)
-            if ref is not None:
-                kl = kl_k3(lp, ref[idx, :t])
-                if cfg.kl_coef > 0:
-                    per_tok = per_tok + cfg.kl_coef * kl
-            if cfg.entropy_coef > 0:
-                per_tok = per_tok - cfg.entropy_coef * ent
-            per_tok = torch.where(m != 0, per_tok, torch.zeros_like(per_tok))
-            loss = (per_tok * w).sum()
-            loss.backward()
+            with self._recompute(budget is not None and len(rows) * t > budget) as rc:
+                recomputed += rc
+                loss, pg, clipped, kl, ent, lp = self._micro_loss(
+                    mb, weight[idx, :t], adv[idx, :t], ref, idx, dummy
+                )
+                loss.backward()
             if dummy:
                 continue
+            m = mb.loss_mask_B_T
             with torch.no_grad():
                 sums["loss"] += float(loss) / world
-                sums["pg"] += float((torch.where(m != 0, pg, 0.0) * w).sum()) / world
+                sums["pg"] += float((torch.where(m != 0, pg, 0.0) * weight[idx, :t]).sum()) / world
                 sums["kl"] += float((kl * m).sum())
                 sums["ent"] += float((ent * m).sum())
                 sums["clip"] += float((clipped * m).sum())
@@ -292,7 +298,45 @@ class Learner:
             sequences=int(n_seq_local),
             micro_batches=len(plans),
             skipped=skipped,
+            recomputed_micro_batches=recomputed,
         )
+
+    def _micro_loss(
+        self,
+        mb: TokenBatch,
+        w: torch.Tensor,
+        a: torch.Tensor,
+        ref: torch.Tensor | None,
+        idx: torch.Tensor,
+        dummy: bool,
+    ) -> tuple[torch.Tensor, ...]:
+        """One micro-batch's forward: (loss to differentiate, pg, clipped, kl, entropy, log π), per token."""
+        cfg = self.config
+        w = w * (0.0 if dummy else 1.0)
+        m = mb.loss_mask_B_T
+        out = self._forward(self.model, mb, spi2=False, entropy=True)
+        lp = out.logprobs_B_T
+        assert out.entropy_B_T is not None
+        ent = out.entropy_B_T
+        pg, clipped = policy_loss(
+            lp,
+            mb.old_logprobs_B_T,
+            torch.where(m != 0, a, torch.zeros_like(a)),
+            kind=cfg.policy_loss,
+            clip_eps_low=cfg.clip_eps_low,
+            clip_eps_high=cfg.clip_eps_high,
+            dual_clip_c=cfg.dual_clip_c,
+        )
+        per_tok = pg
+        kl = torch.zeros_like(lp)
+        if ref is not None:
+            kl = kl_k3(lp, ref[idx, : mb.seq_len])
+            if cfg.kl_coef > 0:
+                per_tok = per_tok + cfg.kl_coef * kl
+        if cfg.entropy_coef > 0:
+            per_tok = per_tok - cfg.entropy_coef * ent
+        per_tok = torch.where(m != 0, per_tok, torch.zeros_like(per_tok))
+        return (per_tok * w).sum(), pg, clipped, kl, ent, lp
 
     def _clip_grad(self) -> float:
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else math.inf

@@ -165,6 +165,31 @@ def test_micro_batching_gives_the_same_update():
         assert torch.allclose(p, p0, atol=1e-6)
 
 
+def test_a_row_over_the_budget_is_recomputed_with_the_same_update():
+    """Rows longer than micro_batch_tokens run with activation checkpointing (bounding the memory one long
+    episode can take) and give the update of the plain pass."""
+    results = []
+    for budget in (None, 4):
+        model = tiny_llama(seed=2)
+        batch = make_batch()
+        lp0, _ = current_logprobs(model, batch)
+        batch = dataclasses.replace(batch, old_logprobs_B_T=lp0 * batch.loss_mask_B_T)
+        learner = Learner(
+            model,
+            LearnerConfig(micro_batch_tokens=budget, max_grad_norm=0.5),
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        )
+        st = learner.step(batch, advantages(batch))
+        assert not model.is_activation_checkpointing  # switched off again after each micro-batch
+        results.append((st, torch.cat([p.detach().flatten() for p in model.parameters()])))
+    (s0, p0), (s1, p1) = results
+    assert s0.recomputed_micro_batches == 0
+    assert s1.micro_batches == 4 and s1.recomputed_micro_batches == 3  # lengths 6, 8, 5 > 4; 3 is not
+    assert s1.loss == pytest.approx(s0.loss, abs=1e-6)
+    assert s1.grad_norm == pytest.approx(s0.grad_norm, rel=1e-5)
+    assert torch.allclose(p1, p0, atol=1e-6)
+
+
 def test_plan_micro_batches_balances_tokens():
     plans = plan_micro_batches([10, 3, 7, 2, 9, 1], budget=20)
     assert sorted(i for p in plans for i in p) == list(range(6))
