@@ -20,12 +20,18 @@ SECTIONS = [
         "generation engine vs static batches vs `model.generate` (the floor), vLLM CPU; reproducibility",
     ),
     ("memory", "`benchmarks/memory_profile.py`", "the default train step's resident memory, per phase"),
+    ("memory_budget", "(by hand, from the two above)", "where the 11.8 / 16.5 GiB went; whole-run peaks"),
     ("gateway", "`benchmarks/gateway.py`", "recording gateway vs the bare policy call (target ≤ 2 ms p50)"),
     ("scale", "`benchmarks/scale.py`", "episodes/s with 1, 2, 4 Ray rollout workers (target ≥ 1.8x at 2)"),
     (
         "async",
         "`benchmarks/async_overlap.py`",
         "async training: step time at S = 0, 1, 2 (target S = 1 ≥ 1.6x)",
+    ),
+    (
+        "async_smollm2",
+        "`benchmarks/async_smollm2.py`",
+        "async training for real: SmolLM2, S = 1 vs S = 0, reward / grad-norm / KL curves",
     ),
     ("checkpoints", "`benchmarks/checkpoints.py`", "checkpoint disk use of the default run, float16 cost"),
 ]

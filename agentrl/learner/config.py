@@ -58,7 +58,8 @@ class LearnerConfig:
     bf16_autocast: bool = False
     """Run forward passes under bf16 autocast (meant for CUDA; works, slowly, on CPU)."""
     gradient_checkpointing: bool = False
-    """Enable HF activation checkpointing on the model (less memory, one extra forward)."""
+    """HF activation checkpointing in the update's forward and backward passes (less memory, one extra
+    forward); off again after each micro-batch, so a sampler sharing the model generates with its KV cache."""
     skip_nonfinite_grad: bool = True
     """Skip the optimizer step (and report ``skipped``) when the gradient norm is NaN or inf."""
 

@@ -8,7 +8,7 @@ the gradient.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
@@ -83,18 +83,8 @@ class Learner:
         self.optimizer = optimizer or torch.optim.AdamW(
             params, lr=self.config.lr, weight_decay=self.config.weight_decay
         )
-        if self.config.gradient_checkpointing:
-            # transformers >= 5 renamed the switch; accept both spellings.
-            new = getattr(model, "activation_checkpointing_enable", None)
-            old = getattr(model, "gradient_checkpointing_enable", None)
-            if new is not None:
-                new(activation_checkpointing_kwargs={"use_reentrant": False})
-            elif old is not None:
-                old(gradient_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                raise ConfigError(
-                    "gradient_checkpointing needs an HF model (activation_checkpointing_enable)"
-                )
+        if self.config.gradient_checkpointing and self._checkpointing_switch() is None:
+            raise ConfigError("gradient_checkpointing needs an HF model (activation_checkpointing_enable)")
 
     # ---------------------------------------------------------------------------------------------
     @property
@@ -107,25 +97,39 @@ class Learner:
             return nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
-    @contextmanager
-    def _recompute(self, on: bool) -> Iterator[bool]:
-        """Activation checkpointing for one micro-batch (forward and backward) when ``on`` and the model
-        supports it (HF models; always on already with ``gradient_checkpointing``); yields whether it is."""
-        model = self.model
-        enable = getattr(model, "activation_checkpointing_enable", None)
-        disable = getattr(model, "activation_checkpointing_disable", None)
-        usable = (
-            on
-            and not self.config.gradient_checkpointing
-            and getattr(model, "supports_gradient_checkpointing", False)
-            and callable(enable)
-            and callable(disable)
+    def _checkpointing_switch(self) -> tuple[Callable[[], Any], Callable[[], Any]] | None:
+        """(enable, disable) of the model's HF activation checkpointing; None when it has none."""
+        m = self.model
+        if not getattr(m, "supports_gradient_checkpointing", False):
+            return None
+        kw = {"use_reentrant": False}
+        on, off = (
+            getattr(m, "activation_checkpointing_enable", None),
+            getattr(m, "activation_checkpointing_disable", None),
         )
-        if not usable:
+        if callable(on) and callable(off):
+            return (lambda: on(activation_checkpointing_kwargs=kw)), off
+        # transformers < 5 spells it gradient_checkpointing_*.
+        on, off = (
+            getattr(m, "gradient_checkpointing_enable", None),
+            getattr(m, "gradient_checkpointing_disable", None),
+        )
+        if callable(on) and callable(off):
+            return (lambda: on(gradient_checkpointing_kwargs=kw)), off
+        return None
+
+    @contextmanager
+    def _recompute(self, over_budget: bool) -> Iterator[bool]:
+        """Activation checkpointing for one micro-batch's forward and backward: always with
+        ``gradient_checkpointing``, else for a micro-batch over ``micro_batch_tokens``. It is switched on only
+        here, so a sampler that shares the model (and its KV cache) never generates with it. Yields whether it
+        is on."""
+        switch = self._checkpointing_switch() if (over_budget or self.config.gradient_checkpointing) else None
+        if switch is None:
             yield False
             return
-        assert callable(enable) and callable(disable)
-        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        enable, disable = switch
+        enable()
         try:
             yield True
         finally:
@@ -253,7 +257,7 @@ class Learner:
             idx = torch.as_tensor(rows, device=dev)
             t = mb.seq_len
             with self._recompute(budget is not None and len(rows) * t > budget) as rc:
-                recomputed += rc
+                recomputed += rc and not cfg.gradient_checkpointing
                 loss, pg, clipped, kl, ent, lp = self._micro_loss(
                     mb, weight[idx, :t], adv[idx, :t], ref, idx, dummy
                 )

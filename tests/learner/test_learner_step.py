@@ -247,6 +247,8 @@ def test_gradient_checkpointing_and_bf16_autocast_run():
         batch, advantages(batch)
     )
     assert math.isfinite(st.loss) and st.grad_norm > 0 and not st.skipped
+    # Only inside the update: a sampler sharing the model must keep its KV cache.
+    assert not model.is_activation_checkpointing
 
 
 def test_config_and_input_validation():
