@@ -104,16 +104,13 @@ class TrainConfig:
     """How episodes run: turn and token limits, sampling, concurrency (the HF policy batches the turns of
     the episodes in flight)."""
     learner: LearnerConfig = field(
-        default_factory=lambda: LearnerConfig(
-            lr=3e-6, micro_batch_tokens=2048, chunk_size=256, gradient_checkpointing=True
-        )
+        default_factory=lambda: LearnerConfig(lr=3e-6, micro_batch_tokens=512, chunk_size=256)
     )
-    """Loss, optimizer and memory settings. The defaults keep the default run under 4 GiB resident. Without
-    activation checkpointing a 135M fp32 model keeps ~1.5 MB per token for backward (more with the math
-    attention kernel's [T, T] weights), and whole default runs peaked at 4.2-4.9 GiB with 512-token
-    micro-batches; with it a layer's input is all that is kept (~70 KB per token), so micro-batches of 2,048
-    padded tokens cost less than 512 did, for one extra forward in the backward pass. The LM head runs 256
-    tokens at a time (a [256, 49152] fp32 buffer is 48 MiB)."""
+    """Loss, optimizer and memory settings. A 135M fp32 model keeps ~1.5 MB per token for backward, so a
+    micro-batch holds ~512 padded tokens (one or two episodes; the gradient does not depend on the split; a
+    longer episode is recomputed), and the LM head runs 256 tokens at a time (a [256, 49152] fp32 buffer is
+    48 MiB). Whole default runs peak at 4.2-4.9 GiB resident; --learner.gradient-checkpointing true brings
+    that to 3.8 GiB for ~75 % more learner time (docs/benchmarks.md, memory_budget)."""
     checkpoint_every: int = 1
     """Write a checkpoint every this many steps (and at the end, and on SIGINT/SIGTERM)."""
     keep_checkpoints: int = 3
