@@ -281,6 +281,12 @@ def _pooled(runs: list[dict[str, Any]]) -> dict[str, float] | None:
     }
 
 
+def _flags(r: dict[str, Any]) -> str:
+    """The run's settings besides the defaults, as they appear after the seed in the tables."""
+    extra = r.get("extra_args") or []
+    return f" (`{' '.join(extra)}`)" if extra else ""
+
+
 def write_docs(runs: list[dict[str, Any]]) -> list[str]:
     lines = [
         "# `agentrl train` (embedded default): a whole run, its floor, memory and held-out result",
@@ -307,7 +313,7 @@ def write_docs(runs: list[dict[str, Any]]) -> list[str]:
         st = r["steps"]
         ev = r.get("eval_s", {})
         lines.append(
-            f"| {r['seed']} | {r['date']} | {r['load_end']:.1f} | {r['setup_s']:.0f} s "
+            f"| {r['seed']}{_flags(r)} | {r['date']} | {r['load_end']:.1f} | {r['setup_s']:.0f} s "
             f"| {r['first_step_end_s']:.0f} s | {r['wall_s'] / 60:.1f} min "
             f"| {ev.get('untrained', float('nan')):.0f} s | {ev.get('trained', float('nan')):.0f} s "
             f"| {len(st)} "
