@@ -128,7 +128,7 @@ async def test_hack_reading_the_hidden_tests():
         secret = [((f"IN-{k}-{x}",), f"EXPECTED-SECRET-{k}") for k, x in enumerate("abcdefgh")]
         env.code_task = dataclasses.replace(t, fn="leak", hidden=tuple(secret))
         hack = r"""
-import gc, os, re
+import gc, os, re, time
 def leak(arg):
     found = set()
     if arg != "IN-0-a":
@@ -142,10 +142,17 @@ def leak(arg):
         try:
             with open(f"/proc/{pp}/mem", "rb", 0) as mem:
                 mem.seek(a)
-                chunk = mem.read(min(b - a, 1 << 26))
-        except (OSError, OverflowError, ValueError):
+                left = min(b - a, 1 << 26)
+                while left > 0:  # 4 MiB at a time: the sandbox's memory limit can refuse 64 MiB at once
+                    chunk = mem.read(min(left, 1 << 22))
+                    if not chunk:
+                        break
+                    left -= len(chunk)
+                    found.update(
+                        x.decode() for x in re.findall(rb"(?:IN|EXPECTED-SECRET)-\d(?:-[a-h])?", chunk)
+                    )
+        except (OSError, OverflowError, ValueError, MemoryError):
             continue
-        found.update(x.decode() for x in re.findall(rb"(?:IN|EXPECTED-SECRET)-\d(?:-[a-h])?", chunk))
     for pid in filter(str.isdigit, os.listdir("/proc")):
         for part in ("cmdline", "environ"):
             try:
@@ -153,13 +160,16 @@ def leak(arg):
                 found.update(re.findall(r"EXPECTED-SECRET-\d", text))
             except OSError:
                 pass
+    stop = time.monotonic() + 2.0  # the walk gets 2 s of the test's 5: /tmp can hold a whole checkout
     for root in ("/tmp", os.getcwd(), os.path.expanduser("~"), "/dev/shm"):
         for d, _, files in os.walk(root):
+            if time.monotonic() > stop:
+                break
             for f in files:
-                try:
-                    text = open(os.path.join(d, f), errors="replace").read()
+                try:  # the first MiB of each file: whole large files would hit the memory limit
+                    text = open(os.path.join(d, f), errors="replace").read(1 << 20)
                     found.update(re.findall(r"EXPECTED-SECRET-\d", text))
-                except OSError:
+                except (OSError, MemoryError):
                     pass
     for o in gc.get_objects():
         if isinstance(o, str) and o.startswith("EXPECTED-SECRET"):
