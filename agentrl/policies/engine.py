@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from agentrl.errors import ConfigError, PolicyError
+from agentrl.models import cache_kwarg
 from agentrl.policies.kvcache import KVSpec, PrefixMatch, PrefixTree, SlotCache
 from agentrl.protocols import FinishReason, Generation, Sampling
 
@@ -175,6 +176,7 @@ class GenerationEngine:
         self.max_prefill_tokens = max_prefill_tokens
         self.release_when_idle = release_when_idle
         self.lock = lock if lock is not None else threading.RLock()
+        self._cache_kw = cache_kwarg(model)
         self._eager = getattr(model.config, "_attn_implementation", None) == "eager"
         self._rng = torch.Generator(device=self.device)
         if seed is not None:
@@ -509,13 +511,9 @@ class GenerationEngine:
         if logits_to_keep is not None:
             kwargs["logits_to_keep"] = logits_to_keep
         t0 = time.perf_counter()
+        kwargs[self._cache_kw] = self._slots
         out = self.model(
-            input_ids=ids_B_Q,
-            attention_mask=mask,
-            position_ids=pos_B_Q,
-            past_key_values=self._slots,
-            use_cache=True,
-            **kwargs,
+            input_ids=ids_B_Q, attention_mask=mask, position_ids=pos_B_Q, use_cache=True, **kwargs
         )
         self._time["forward"] += time.perf_counter() - t0
         last_B_V: torch.Tensor = out.logits[:, -1, :]

@@ -26,6 +26,7 @@ import torch
 from tiny_task import ChainParser, add, prompt_text, turn_budget
 
 from agentrl.masking import Piece, build_columns
+from agentrl.models import cache_kwarg, output_cache
 from agentrl.types import Message, StopReason, TokenSource, ToolRecord, ToolStatus, Trajectory, TrajectoryMeta
 
 _PARSER = ChainParser()
@@ -108,7 +109,8 @@ def sample_episodes(
     model.eval()
     first = torch.tensor([list(r.pieces[0].token_ids) for r in rows], dtype=torch.long)
     out = model(input_ids=first, use_cache=True)
-    cache = out.past_key_values
+    cache = output_cache(out)
+    cache_kw = cache_kwarg(model)
     logits = out.logits[:, -1, :].float()
     B = len(rows)
     step_tokens = torch.empty(B, dtype=torch.long)
@@ -138,8 +140,8 @@ def sample_episodes(
                 r.turn_lps.append(lp)
                 if tok == vocab.eot or len(r.turn_ids) >= budget:
                     _end_turn(r, vocab, max_turns)
-        out = model(input_ids=step_tokens[:, None].clone(), past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
+        out = model(input_ids=step_tokens[:, None].clone(), use_cache=True, **{cache_kw: cache})
+        cache = output_cache(out)
         logits = out.logits[:, -1, :].float()
     model.train(was_training)
     rewards = np.array([r.reward for r in rows], dtype=np.float64)
