@@ -1,5 +1,5 @@
-"""Asynchronous training in one process (``agentrl train --max-staleness S``, S ≥ 1): episodes of the next
-steps run on the event loop while the learner updates in a worker thread.
+"""Asynchronous training (``agentrl train --max-staleness S``, S ≥ 1): episodes of the next steps run while
+the learner updates (in a worker thread locally, on the learner actors with ``--ray``).
 
 ::
 
@@ -22,10 +22,16 @@ reuses the complete groups on disk of its steps that were sampled by weights it 
 checkpoint's) and resamples the rest; the admission check drops anything beyond the bound.
 
 The loop talks to the machinery only through the run's :class:`~agentrl.trainers.runtime.TrainRuntime`
-(``run_groups`` for one group, ``update``, ``publish``, ``version``), like the synchronous loop. The local
-runtime gives the sampler its own copy of the weights when S ≥ 1, so the learner's thread never writes
-weights a turn is sampling with; the Ray runtime does not run this loop yet (``--max-staleness`` with
-``--ray`` is refused), though its controller's leases are where :class:`Admission` would sit.
+(``run_groups`` for one group, ``update``, ``publish``, ``version``), like the synchronous loop, so it runs
+on both runtimes:
+
+* local: the sampler gets its own copy of the weights when S ≥ 1, so the learner's thread never writes
+  weights a turn is sampling with;
+* Ray (``--ray``): each group is one rollout on the controller, leasing only its own ledger entry to a
+  rollout worker; ``update`` runs on the learner actors while workers keep sampling on the inference
+  servers; ``publish`` syncs every server between its turns (a server's turn in flight finishes on the
+  weights it started with, as above). A straggler this loop drops is abandoned in the ledger (its late
+  result is discarded), and a resume rewinds the ledger with the checkpoint.
 """
 
 from __future__ import annotations
@@ -66,8 +72,8 @@ local runner is :func:`local_group_runner`; a distributed runtime hands the grou
 
 
 def local_group_runner(s: _Session) -> GroupRunner:
-    """Groups run by the run's runtime, every trajectory appended to the run's store as it finishes (on
-    disk before anything else)."""
+    """Groups run by the run's runtime (this process, or the Ray controller's workers), every trajectory
+    appended to the run's store as it finishes (on disk before anything else)."""
     cfg = s.cfg
 
     async def run(seed: int, meta: TrajectoryMeta) -> TrajectoryGroup:
@@ -169,8 +175,10 @@ async def train_async(
                 row.update(await runtime.update(usable))
             else:
                 print(f"step {k}: every episode failed for infrastructure reasons; no update")
+            t_publish = time.perf_counter()
             await runtime.publish(k + 1)
             now = time.perf_counter()
+            row["time/publish_s"] = now - t_publish
             row["time/rollout_s"] = waited  # the learner's wait for data (generation not hidden by learning)
             row["time/learn_s"] = now - t_learn
             row["time/step_s"] = now - t_prev

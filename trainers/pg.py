@@ -218,7 +218,9 @@ async def _train_step(s: _Session, step: int) -> bool:
         row.update(await runtime.update(usable))
     else:
         print(f"step {step}: every episode failed for infrastructure reasons; no update")
+    t_publish = time.perf_counter()
     await runtime.publish(step + 1)
+    row["time/publish_s"] = time.perf_counter() - t_publish
     row["time/rollout_s"] = t_rollout
     row["time/learn_s"] = time.perf_counter() - t_learn
     row["time/step_s"] = time.perf_counter() - t_step

@@ -214,10 +214,6 @@ class TrainConfig:
             Admission(self.max_staleness, self.groups_per_step, on_stale=self.on_stale)  # validates on_stale
             if self.agent is not None:
                 raise ConfigError("--max-staleness > 0 does not run --agent (gateway) episodes yet; use 0")
-            if self.ray is not None:
-                raise ConfigError(
-                    "--max-staleness > 0 runs in this process only for now; drop --ray or use 0"
-                )
         elif self.on_stale != "wait":
             raise ConfigError("--on-stale drop needs --max-staleness >= 1")
         if self.resume is not None and self.out is not None and Path(self.out) != Path(self.resume):

@@ -54,11 +54,18 @@ def budget_fn(setting: Setting, quick: bool) -> Callable[[int], int]:
     return lambda n: setting.token_budget if quick else int(setting.token_budget * S.BUDGET_SCALE[n])
 
 
-def cmd_sweep(work: Path, name: str, quick: bool, seeds: list[int] | None) -> list[dict]:
-    """Run (or load) every run of one setting's sweep."""
+def cmd_sweep(
+    work: Path, name: str, quick: bool, seeds: list[int] | None, only: list[str] | None = None
+) -> list[dict]:
+    """Run (or load) every run of one setting's sweep (``only``: just these configurations, ``otb-N4``...)."""
     setting, configs = {"main": (S.MAIN, S.MAIN_CONFIGS), "stress": (S.STRESS, S.STRESS_CONFIGS)}[name]
     if quick:
         setting, configs = S.quick(setting), S.QUICK_CONFIGS
+    if only:
+        unknown = sorted(set(only) - {f"{e}-N{n}" for e, n in configs})
+        if unknown:
+            raise SystemExit(f"--configs: {unknown} are not configurations of the {name!r} sweep")
+        configs = [(e, n) for e, n in configs if f"{e}-N{n}" in only]
     use_seeds = seeds if seeds is not None else (S.QUICK_SEEDS if quick else S.SEEDS)
     warm = warm_state(work, setting.k, quick)
     recs = []
@@ -311,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, default=None, help="where summaries and figures go")
     ap.add_argument("--seeds", type=int, nargs="*", default=None)
+    ap.add_argument("--configs", nargs="*", default=None, help="sweep only these (otb-N4 grpo-N32 ...)")
     ap.add_argument("--prompts", type=int, nargs="*", default=None, help="SmolLM2 prompt seeds")
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
@@ -324,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = a.command
     if cmd in ("sweep", "all"):
         for name in a.args or (["main"] if a.quick else ["main", "stress"]):
-            cmd_sweep(work, name, a.quick, a.seeds)
+            cmd_sweep(work, name, a.quick, a.seeds, a.configs)
     if cmd in ("variance-tiny", "all"):
         cmd_variance_tiny(work, a.quick)
     if cmd == "smollm2-pools":

@@ -1,4 +1,5 @@
-"""A driver for the SIGKILL/--resume test: ``python drive.py ADDRESS RUN_DIR STEPS [--resume]``.
+"""A driver for the SIGKILL/--resume tests:
+``python drive.py ADDRESS RUN_DIR STEPS [--resume] [--max-staleness S]``.
 
 It is ``agentrl train --ray ADDRESS`` with one substitution: the inference servers sample with the
 scripted math-tir policy (sleep-bound, seed-determined), so a run is slow enough to be killed mid-step and
@@ -20,6 +21,7 @@ def main(argv: list[str]) -> int:
 
     address, out, steps = argv[0], argv[1], int(argv[2])
     resume = "--resume" in argv
+    staleness = int(argv[argv.index("--max-staleness") + 1]) if "--max-staleness" in argv else 0
     cfg = pg.TrainConfig(
         model="tiny",
         env="math-tir-arith-v0",
@@ -34,6 +36,8 @@ def main(argv: list[str]) -> int:
         learner=LearnerConfig(lr=1e-3),
         progress=False,
         ray=address,
+        max_staleness=staleness,
+        keep_checkpoints=10,
     )
     opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=0.4), lease_s=120)
     asyncio.run(pg.train(cfg, runtime=lambda c, r: ray_runtime(c, r, opts)))

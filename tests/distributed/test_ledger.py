@@ -138,3 +138,33 @@ def test_a_resume_from_an_older_checkpoint_rewinds_trained_steps(tmp_path):
     assert e is not None and e.group_id == "s2-t2-a1"
     again.close()
     assert GroupLedger(tmp_path / "ledger.jsonl").entries[(1, 1)].state is GroupState.DONE
+
+
+def test_concurrent_rollouts_lease_only_their_own_groups_and_abandon_stragglers(tmp_path):
+    # Asynchronous training: one rollout per group, several steps in flight at once.
+    led = GroupLedger(tmp_path / "ledger.jsonl")
+    (a,) = led.issue(0, [10])
+    (b,) = led.issue(1, [11])
+    got = led.lease("w", keys={b})
+    assert got is not None and got.key == b  # not the older pending group of the other rollout
+    assert led.lease("w", keys={b}) is None
+    got_a = led.lease("w", keys={a})
+    assert got_a is not None and got_a.key == a
+    assert led.complete(a, got_a.group_id)
+    led.mark_trained([a])
+    # Step 1 trained without its straggler (--on-stale drop): it is dropped, its late result discarded.
+    led.abandon(b, "not finished when its step trained")
+    assert not led.complete(b, got.group_id) and led.discarded == 1
+    assert led.check(1, settled=True)["dropped"] == 1
+    with pytest.raises(LedgerError, match="cannot be abandoned: it is trained"):
+        led.abandon(a, "no")
+    led.close()
+    # A resume from the checkpoint of step 1 redoes step 1: the straggler is pending again, and issued anew.
+    again = GroupLedger(tmp_path / "ledger.jsonl")
+    assert again.entries[b].state is GroupState.DROPPED
+    again.rewind(1)
+    assert again.entries[b].state is GroupState.PENDING and again.entries[a].state is GroupState.TRAINED
+    again.issue(1, [11])
+    e = again.lease("w")
+    assert e is not None and e.group_id == "s1-t11-a1"  # its second attempt
+    again.close()

@@ -78,6 +78,7 @@ def test_run_directory_and_finite_metrics(two_step_run):
             "variance/proxy2_total_power",
             "time/rollout_s",
             "time/learn_s",
+            "time/publish_s",
         ):
             assert isinstance(r[key], float) and math.isfinite(r[key]), (key, r[key])
     trajs = list(read_trajectories(run))

@@ -46,6 +46,7 @@ class LearnerActor:
         self.learner: Any = None
         self.tokenizer: Any = None
         self.pad_id = 0
+        self.run_path: str | None = None
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 listens for the process group (call on rank 0)."""
@@ -80,6 +81,7 @@ class LearnerActor:
         """Load the run's newest checkpoint (weights and optimizer); return its step (0 when none)."""
         from agentrl.checkpoint import load_checkpoint
 
+        self.run_path = run_path
         ckpt = RunDir(Path(run_path)).latest_checkpoint()
         if ckpt is None:
             return 0
@@ -87,11 +89,28 @@ class LearnerActor:
             return load_checkpoint(ckpt, model=self.model, optimizer=self.learner.optimizer).step
         return self._load_sharded(ckpt)
 
-    def update(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
-        """One :func:`~agentrl.update.policy_update` on this rank's groups; its metrics."""
+    def update(self, groups: Sequence[TrajectoryGroup], learner_version: int) -> dict[str, float]:
+        """One :func:`~agentrl.update.policy_update` on this rank's groups, trained as step
+        ``learner_version`` (tokens sampled by older versions get the off-policy correction); its metrics.
+        With one rank the learner's scores of the step go to the run, as the local runtime's do, so replay
+        has them once the step's checkpoint is rotated away."""
+        from agentrl.scores import save_step_scores
         from agentrl.update import policy_update
 
-        return policy_update(self.learner, groups, estimator=self.cfg.estimator, pad_id=self.pad_id).metrics
+        update = policy_update(
+            self.learner,
+            groups,
+            estimator=self.cfg.estimator,
+            pad_id=self.pad_id,
+            correction=self.cfg.correction,
+            learner_version=learner_version,
+        )
+        if self.world == 1 and self.run_path is not None:
+            c = update.credit
+            save_step_scores(
+                RunDir(Path(self.run_path)), learner_version, groups, c.logprobs_B_T, c.sum_pi_squared_B_T
+            )
+        return update.metrics
 
     def _full_state(self) -> dict[str, Any]:
         if self.world == 1:

@@ -5,6 +5,7 @@ A group (one task, ``group_size`` episodes) moves through::
     pending ──lease──▶ leased (worker, deadline, attempt) ──complete──▶ done ──trained──▶ trained
        ▲                  │ worker died / lease expired                   (in a batch)
        └──────release─────┘ (attempt + 1; after max_attempts: dropped with the reason)
+    pending / leased ──abandon──▶ dropped   (the trainer trained the step without it)
 
 Identity. A group is keyed by ``(step, seed)``; each lease is one *attempt* and gets its own ``group_id``
 (``s<step>-t<seed>-a<attempt>``) and episode ids (``<group_id>-m<member>``). A result is accepted only from
@@ -18,16 +19,19 @@ every moment; :meth:`GroupLedger.check` verifies it and the trainer calls it at 
 Persistence. Every transition is one JSON line appended (and flushed) to ``<run>/ledger.jsonl``; reopening
 the file replays it. Leases do not survive the driver: on reload a leased group is pending again.
 
-Admission (for asynchronous training): :meth:`GroupLedger.lease` takes a ``limit`` on groups in flight
-(leased + done-but-untrained), which is where a staleness bound ``in flight + buffered ≤ (S + 1) × batch``
-plugs in; the synchronous trainer leases without one.
+Asynchronous training (``--max-staleness S``) keeps several steps' groups in flight at once: the trainer's
+:class:`agentrl.staleness.Admission` decides which group may start, and each group's rollout leases only its
+own keys (:meth:`GroupLedger.lease` with ``keys``). A group the trainer gives up (a straggler under
+``--on-stale drop``) is abandoned: dropped, with its reason, and any late result of it discarded.
+:meth:`GroupLedger.lease` also takes a ``limit`` on groups in flight (leased + done-but-untrained) for a
+controller that admits by count alone.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
@@ -193,13 +197,21 @@ class GroupLedger:
         """Groups leased, or done and waiting for the learner (what an admission bound counts)."""
         return sum(e.state in (GroupState.LEASED, GroupState.DONE) for e in self.entries.values())
 
-    def lease(self, worker: str, *, limit: int | None = None, now: float | None = None) -> LedgerEntry | None:
-        """Lease the oldest pending group to ``worker``; None when nothing is pending (or ``limit`` groups
-        are already in flight)."""
+    def lease(
+        self,
+        worker: str,
+        *,
+        keys: Collection[GroupKey] | None = None,
+        limit: int | None = None,
+        now: float | None = None,
+    ) -> LedgerEntry | None:
+        """Lease the oldest pending group (of ``keys``, when given) to ``worker``; None when nothing is
+        pending (or ``limit`` groups are already in flight). Several callers leasing at once (asynchronous
+        training runs a rollout per group) each lease only their own keys."""
         if limit is not None and self.in_flight() >= limit:
             return None
         for key, e in self.entries.items():
-            if e.state is GroupState.PENDING:
+            if e.state is GroupState.PENDING and (keys is None or key in keys):
                 t = time.time() if now is None else now
                 leased = replace(
                     e,
@@ -265,15 +277,29 @@ class GroupLedger:
         self.entries[key] = out
         self._write("dropped", out)
 
+    def abandon(self, key: GroupKey, reason: str) -> None:
+        """Give up a group that is still pending or leased because the trainer no longer wants it (a
+        straggler of a step that trained without it); a late result of its attempt is then discarded."""
+        e = self.entries.get(key)
+        if e is None or e.state not in (GroupState.PENDING, GroupState.LEASED):
+            raise LedgerError(f"group {key} cannot be abandoned: it is {e.state.value if e else 'unknown'}")
+        out = replace(e, state=GroupState.DROPPED, worker="", deadline=0.0, reason=reason)
+        self.entries[key] = out
+        self._write("dropped", out)
+
     def rewind(self, step: int) -> None:
-        """A resume from the checkpoint of ``step``: groups of that step and later that were trained are
-        only done again (their update was lost with the driver), so the trainer may reuse or re-issue
-        them."""
+        """A resume from the checkpoint of ``step``: the updates of that step and later were lost with the
+        driver, so their trained groups are only done again (the trainer may reuse or re-issue them) and
+        their dropped groups pending again (the redone step decides afresh)."""
         for key, e in list(self.entries.items()):
             if e.step >= step and e.state is GroupState.TRAINED:
                 out = replace(e, state=GroupState.DONE)
                 self.entries[key] = out
                 self._write("done", out)
+            elif e.step >= step and e.state is GroupState.DROPPED:
+                out = replace(e, state=GroupState.PENDING, reason="resumed")
+                self.entries[key] = out
+                self._write("release", out)
 
     # --- accounting -------------------------------------------------------------------------------
     def counts(self, step: int | None = None) -> dict[str, int]:

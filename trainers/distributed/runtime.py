@@ -88,6 +88,8 @@ class RayOptions:
     """Rollout workers the controller may start in place of dead ones over a run."""
     local_cpus: int = 2
     """CPUs of the Ray instance ``--ray local`` starts."""
+    learner_actor: type[LearnerActor] = LearnerActor
+    """The learner actor's class (a benchmark's subclass may add a fixed cost to each update)."""
     gpus_per_actor: float | None = None
     """GPUs each learner and inference server reserves (Ray hides GPUs from actors that reserve none).
     None: 0.5 with ``--device cuda`` (a server and a learner share one GPU), else 0."""
@@ -147,6 +149,13 @@ class RayRuntime:
         self.servers: list[Any] = []
         self.balancer: Any = None
         self.workers: dict[str, Any] = {}
+        self._busy: dict[str, int] = {}
+        """Workers known to be alive -> groups they hold now (shared by every rollout in flight: the
+        asynchronous trainer runs one per group)."""
+        self._starting: set[asyncio.Task[None]] = set()
+        """Replacement workers not yet answering (leased to only once they do)."""
+        self._trained: set[GroupKey] = set()
+        """Groups handed to :meth:`update` since the last publish (marked trained when it settles)."""
         self._worker_count = 0
         self._start = 0
         self._version = 0
@@ -175,7 +184,7 @@ class RayRuntime:
         bundle = {"learner": 1.0, **({"GPU": gpus} if gpus else {})}
         self.placement = placement_group([bundle] * cfg.learners, strategy="PACK")
         await self.placement.ready()
-        actor = ray.remote(LearnerActor)
+        actor = ray.remote(self.opts.learner_actor)
         self.learners = [
             actor.options(
                 num_cpus=0,
@@ -215,6 +224,7 @@ class RayRuntime:
         for _ in range(cfg.rollout_workers):
             self._spawn_worker()
         await asyncio.gather(*(w.where.remote() for w in self.workers.values()))  # all alive before leasing
+        self._busy = dict.fromkeys(self.workers, 0)
         await self.publish(self._start)
 
     def _spawn_worker(self) -> str:
@@ -227,9 +237,34 @@ class RayRuntime:
         )
         return name
 
+    def _replace_worker(self, dead: str) -> None:
+        """Start a worker in place of ``dead``; it takes leases once it answers."""
+        if dead not in self.workers:
+            return  # another rollout already replaced it
+        del self.workers[dead]
+        self._busy.pop(dead, None)
+        if self.replaced_workers >= self.opts.max_replacements:
+            raise InfraError(f"{self.replaced_workers} rollout workers replaced; giving up")
+        self.replaced_workers += 1
+        name = self._spawn_worker()
+
+        async def come_up() -> None:
+            try:
+                await self.workers[name].where.remote()
+            except Exception:  # it died before it served (e.g. placed on a node that was going away)
+                self._replace_worker(name)
+            else:
+                self._busy[name] = 0
+
+        task = asyncio.ensure_future(come_up())
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
+
     async def close(self) -> None:
         """Stop every actor and the placement group; close the ledger."""
         ray = self.ray
+        for task in list(self._starting):
+            task.cancel()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.gather(*(w.close.remote() for w in self.workers.values())), 10)
         with contextlib.suppress(Exception):
@@ -264,19 +299,8 @@ class RayRuntime:
         step = int(meta.step or 0)
         keys = set(self.ledger.issue(step, list(seeds)))
         slots = max(1, -(-self.cfg.rollout.concurrency // group_size)) + 1
-        busy = dict.fromkeys(self.workers, 0)  # workers known to be alive -> groups they hold
+        busy = self._busy
         running: dict[asyncio.Future[Any], tuple[GroupKey, str, str, Any]] = {}
-        starting: dict[asyncio.Future[Any], str] = {}  # replacements: leased to only once they answer
-
-        def replace_worker(dead: str) -> None:
-            if dead in self.workers:
-                del self.workers[dead]
-                busy.pop(dead, None)
-                if self.replaced_workers >= self.opts.max_replacements:
-                    raise InfraError(f"{self.replaced_workers} rollout workers replaced; giving up")
-                self.replaced_workers += 1
-                new = self._spawn_worker()
-                starting[asyncio.wrap_future(self.workers[new].where.remote().future())] = new
 
         try:
             while True:
@@ -284,7 +308,10 @@ class RayRuntime:
                     if e.key in keys:
                         self.ledger.release(e.key, e.group_id, f"lease expired on {e.worker}")
                 for name in list(busy):
-                    while busy.get(name, slots) < slots and (got := self.ledger.lease(name)) is not None:
+                    while (
+                        busy.get(name, slots) < slots
+                        and (got := self.ledger.lease(name, keys=keys)) is not None
+                    ):
                         lease = GroupLease(got.step, got.seed, got.group_id, group_size, meta)
                         ref = self.workers[name].run_group.remote(lease)
                         running[asyncio.wrap_future(ref.future())] = (got.key, got.group_id, name, ref)
@@ -292,22 +319,15 @@ class RayRuntime:
                 states = [self.ledger.entries[k].state.value for k in keys]
                 if all(s in ("done", "dropped", "trained") for s in states):
                     return
-                if not running and not starting:
-                    if not busy:
+                if not running:
+                    if not busy and not self._starting:
                         raise InfraError("no rollout worker is alive and none could be started")
-                    await asyncio.sleep(0.05)  # leases held by nobody we know: wait for their expiry
+                    # Every slot taken by other rollouts, a replacement still starting, or leases held by
+                    # nobody we know (waiting for their expiry).
+                    await asyncio.sleep(0.05)
                     continue
-                finished, _ = await asyncio.wait(
-                    [*running, *starting], timeout=0.5, return_when=asyncio.FIRST_COMPLETED
-                )
+                finished, _ = await asyncio.wait(running, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
                 for fut in finished:
-                    if fut in starting:
-                        name = starting.pop(fut)
-                        if fut.exception() is None:
-                            busy[name] = 0
-                        else:  # it died before it served (e.g. placed on a node that was going away)
-                            replace_worker(name)
-                        continue
                     key, gid, name, _ref = running.pop(fut)
                     if name in busy:
                         busy[name] -= 1
@@ -318,7 +338,7 @@ class RayRuntime:
                         continue
                     except RayActorError as err:
                         self.ledger.release(key, gid, f"{name} died: {type(err).__name__}")
-                        replace_worker(name)
+                        self._replace_worker(name)
                         continue
                     except Exception as err:  # the worker raised: a bug or an infra fault, not the model's
                         self.ledger.release(key, gid, f"{name} failed: {type(err).__name__}: {err}"[:300])
@@ -331,10 +351,12 @@ class RayRuntime:
                     for i, t in enumerate(trajs):
                         yield EpisodeDone(t, TrajectoryGroup(trajs) if i == len(trajs) - 1 else None)
         finally:
-            for fut, (key, gid, _name, ref) in running.items():
+            for fut, (key, gid, name, ref) in running.items():
                 fut.cancel()
                 with contextlib.suppress(Exception):
                     self.ray.cancel(ref)
+                if name in busy:
+                    busy[name] -= 1
                 self.ledger.release(key, gid, "cancelled")
 
     async def update(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
@@ -344,13 +366,14 @@ class RayRuntime:
                 f"{len(groups)} usable groups cannot feed {len(self.learners)} learners; lower --learners "
                 "or raise --groups-per-step"
             )
+        step = int(groups[0][0].meta.step or 0)  # the step that trains them (the learner's version)
         shards = shard_groups(groups, len(self.learners))
         out = await asyncio.gather(
-            *(lrn.update.remote(s) for lrn, s in zip(self.learners, shards, strict=True))
+            *(lrn.update.remote(s, step) for lrn, s in zip(self.learners, shards, strict=True))
         )
+        self._trained |= {(int(g[0].meta.step or 0), int(g[0].meta.seed or 0)) for g in groups}
         metrics: dict[str, float] = dict(out[0])
-        step = groups[0][0].meta.step
-        metrics.update(self.metrics(int(step or 0)))
+        metrics.update(self.metrics(step))
         return metrics
 
     async def publish(self, version: int) -> None:
@@ -385,14 +408,29 @@ class RayRuntime:
                 await asyncio.sleep(0.5)
 
     def _settle(self, step: int) -> None:
-        """Mark the step's delivered groups consumed and check the ledger's accounting."""
+        """Close ``step`` in the ledger: the groups :meth:`update` trained on are trained; every other group
+        of the step is dropped with the reason (all infrastructure failures; or, training asynchronously,
+        left out by the trainer: a straggler still running, or finished over the staleness bound). Then
+        check the ledger's accounting."""
+        trained, self._trained = (
+            {k for k in self._trained if k[0] == step},
+            {k for k in self._trained if k[0] != step},
+        )
         if step < 0 or step < self._start - 1:
             return
-        delivered = [k for k, e in self.ledger.entries.items() if e.step == step and e.state.value == "done"]
-        for k in delivered:
-            if k in self._all_infra:  # handed to the trainer, which could use none of it
-                self.ledger.drop(k, "every episode failed for infrastructure reasons")
-        self.ledger.mark_trained([k for k in delivered if k not in self._all_infra])
+        self.ledger.mark_trained(sorted(trained))
+        for k, e in list(self.ledger.entries.items()):
+            if e.step != step or k in trained:
+                continue
+            if e.state.value == "done":
+                self.ledger.drop(
+                    k,
+                    "every episode failed for infrastructure reasons"
+                    if k in self._all_infra
+                    else "finished but not trained (the trainer dropped it)",
+                )
+            elif e.state.value in ("pending", "leased"):
+                self.ledger.abandon(k, "not finished when its step trained (--on-stale drop)")
         self.ledger.check(step, settled=True)
 
     def metrics(self, step: int) -> dict[str, float]:

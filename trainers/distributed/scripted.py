@@ -15,6 +15,7 @@ the sandbox (a stand-in for tool work): both are sleep-bound, so throughput scal
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,10 +29,19 @@ __all__ = ["ScriptedTIRFactory", "ScriptedTIRPolicy"]
 class ScriptedTIRPolicy:
     """Plays math-tir tasks with one of four plans per episode, chosen by the turn's sampling seed."""
 
-    def __init__(self, tokenizer: Any, *, generate_s: float = 0.0, tool_s: float = 0.0, version: int = 0):
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        generate_s: float = 0.0,
+        tool_s: float = 0.0,
+        jitter_s: Sequence[float] = (),
+        version: int = 0,
+    ):
         self.tokenizer = tokenizer
         self.end = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
         self.generate_s, self.tool_s = generate_s, tool_s
+        self.jitter_s = tuple(jitter_s)
         self._version = version
         self.loaded: dict[str, Any] = {}
         """The tensors of the last weight update (what a server checksums)."""
@@ -64,8 +74,12 @@ class ScriptedTIRPolicy:
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
         """One scripted turn after ``generate_s`` seconds."""
         version = self._version
-        if self.generate_s:
-            await asyncio.sleep(self.generate_s)
+        delay = self.generate_s
+        if self.jitter_s:  # a latency drawn from the turn's seed: random across turns, the same on a rerun
+            pick = int(hashlib.sha256(str(sampling.seed).encode()).hexdigest(), 16) % len(self.jitter_s)
+            delay += self.jitter_s[pick]
+        if delay:
+            await asyncio.sleep(delay)
         prompt = self.tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
         # The plan is fixed per episode: the seed of turn t is the seed of turn 0 plus t.
         turn = prompt.count("<|im_start|>assistant") - 1
@@ -94,11 +108,17 @@ class ScriptedTIRFactory:
     """Seconds each turn sleeps."""
     tool_s: float = 0.0
     """Seconds each python block sleeps in the sandbox."""
+    jitter_s: tuple[float, ...] = ()
+    """Extra seconds per turn, one of these picked by the turn's sampling seed (random latencies)."""
 
     def __call__(self, cfg: Any, version: int) -> UpdatablePolicy:
         """The policy, at ``version``."""
         from agentrl.models import resolve_tokenizer
 
         return ScriptedTIRPolicy(
-            resolve_tokenizer(cfg.model), generate_s=self.generate_s, tool_s=self.tool_s, version=version
+            resolve_tokenizer(cfg.model),
+            generate_s=self.generate_s,
+            tool_s=self.tool_s,
+            jitter_s=self.jitter_s,
+            version=version,
         )

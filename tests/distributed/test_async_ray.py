@@ -1,0 +1,242 @@
+"""Asynchronous training (``--max-staleness S``) on the Ray runtime, on a real small Ray cluster: S = 0 is the
+synchronous Ray trainer; S ≥ 1 keeps the staleness bound under random server latencies and replay reproduces
+its steps; ``--on-stale drop`` abandons stragglers in the ledger; a rollout worker killed mid-run is replaced
+without breaking the bound.
+
+The sampler is the scripted math-tir policy on the inference servers (plan chosen by the sampling seed,
+latencies drawn from it), the envs and sandboxes are real, the learner is the tiny model."""
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from agentrl import read_trajectories
+from agentrl.metrics import read_metrics
+from agentrl.models import resolve_tokenizer
+from agentrl.replay import load as load_run
+from agentrl.run import RunDir
+from agentrl.trainers import pg
+from agentrl.trainers.distributed import GroupLedger, GroupState, RayOptions, ray_runtime
+from agentrl.trainers.distributed.scripted import ScriptedTIRFactory
+from agentrl.trainers.replay.reproduce import reproduce_step
+
+from .test_ray_runtime import config
+
+ray = pytest.importorskip("ray", reason="the Ray runtime's tests need the ray extra (bash .ci/setup --dev)")
+
+pytestmark = pytest.mark.slow
+
+KEYS = ("reward/mean", "learn/loss", "learn/pg_loss", "learn/adv_mean", "learn/adv_abs_mean")
+
+
+def async_config(tmp_path, name, **kw):
+    base = dict(steps=3, keep_checkpoints=10, out=str(tmp_path / name))
+    base.update(kw)
+    return config(tmp_path, **base)
+
+
+def train(cfg, opts, *, overlap=None, on_start=None):
+    """``pg.train`` on the Ray runtime; ``on_start(rt)`` runs once the actors are up (a test's saboteur)."""
+
+    @contextlib.asynccontextmanager
+    async def runtime(c, r):
+        async with ray_runtime(c, r, opts) as rt:
+            task = asyncio.ensure_future(on_start(rt)) if on_start is not None else None
+            try:
+                yield rt
+            finally:
+                if task is not None:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+
+    return asyncio.run(pg.train(cfg, runtime=runtime, overlap=overlap))
+
+
+def by_step_and_task(run):
+    out = defaultdict(list)
+    for t in read_trajectories(run):
+        out[(t.meta.step, t.meta.task_id)].append((t.token_ids, t.rewards, t.policy_versions))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def ledger_of(run):
+    led = GroupLedger(run / "ledger.jsonl")
+    led.close()
+    return led
+
+
+# ---------------------------------------------------------------------------------------------------
+def test_s0_async_loop_on_ray_is_the_synchronous_ray_trainer(cluster, tmp_path):
+    opts = RayOptions(policy_factory=ScriptedTIRFactory(jitter_s=(0.0, 0.02, 0.1)))
+    sync = train(async_config(tmp_path, "sync"), opts, overlap=False)
+    asyn = train(async_config(tmp_path, "async0"), opts, overlap=True)
+    # Same episodes (token ids, rewards, versions) for the same tasks of the same steps.
+    assert by_step_and_task(sync) == by_step_and_task(asyn)
+    assert len(by_step_and_task(sync)) == 3 * 4
+    rs, ra = read_metrics(sync), read_metrics(asyn)
+    assert [r["step"] for r in rs] == [r["step"] for r in ra] == [0, 1, 2]
+    for a, b in zip(rs, ra, strict=True):
+        for key in KEYS:
+            # Groups reach the learner in the order they finish, which Ray does not fix: the same batch up
+            # to the order of float sums.
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), (a["step"], key)
+        assert b["staleness/max"] == 0.0 and b["async/max_staleness_seen"] == 0.0
+        assert b["ray/groups_issued"] == 4 and b["ray/groups_dropped"] == 0
+    assert any(r["learn/adv_abs_mean"] > 0 for r in rs)  # not vacuous
+    for run in (sync, asyn):
+        c = ledger_of(run).check(settled=True)
+        assert c["trained"] == 12 and c["dropped"] == 0
+
+
+@pytest.mark.parametrize("S", [1, 2])
+def test_staleness_bound_holds_on_ray_with_random_latencies_and_replay_reproduces(cluster, tmp_path, S):
+    opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=0.02, jitter_s=(0.0, 0.05, 0.3)))
+    cfg = async_config(tmp_path, f"s{S}", max_staleness=S, steps=4, rollout_workers=2)
+    run = train(cfg, opts)
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert all(r["staleness/max"] <= S and r["async/max_staleness_seen"] <= S for r in rows)
+    assert max(r["staleness/max"] for r in rows) >= 1  # the next steps' groups did sample during learning
+    trajs = list(read_trajectories(run))
+    assert all(t.meta.step - min(t.policy_versions) <= S for t in trajs)
+    assert {t.meta.extra["worker"] for t in trajs} == {"worker-0", "worker-1"}
+    c = ledger_of(run).check(settled=True)
+    assert c["trained"] == 16 and c["dropped"] == 0
+    stale = [r for r in rows if r["staleness/stale_token_frac"] > 0]
+    assert stale and all("correction/rho_mean" in r for r in stale)
+    # Replay: each step from its checkpoint, its recorded trajectories (μ and versions) and the correction.
+    tok = resolve_tokenizer("tiny")
+    loaded = load_run(run)
+    for k in range(4):
+        report = reproduce_step(loaded, k, tokenizer=tok)
+        assert report.matches, (k, [c for c in report.checks if not c.match])
+
+
+def test_drop_mode_on_ray_abandons_stragglers_in_the_ledger(cluster, tmp_path):
+    # One turn seed in five is a straggler (3 s) while the others take 20 ms.
+    opts = RayOptions(policy_factory=ScriptedTIRFactory(jitter_s=(0.02, 0.02, 0.02, 0.02, 3.0)))
+    cfg = async_config(tmp_path, "drop", max_staleness=1, on_stale="drop", steps=4)
+    run = train(cfg, opts)
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert all(r["staleness/max"] <= 1 for r in rows)
+    dropped = rows[-1]["async/groups_dropped_total"]
+    assert dropped == sum(r["async/groups_dropped"] for r in rows) > 0
+    led = ledger_of(run)
+    c = led.check(settled=True)
+    assert c["dropped"] == dropped and c["trained"] + c["dropped"] == 16
+    reasons = {e.reason for e in led.entries.values() if e.state is GroupState.DROPPED}
+    assert reasons <= {
+        "not finished when its step trained (--on-stale drop)",
+        "finished but not trained (the trainer dropped it)",
+    }
+    # Nothing of an abandoned group was trained: the steps' episode counts are whole trained groups.
+    assert all(r["episodes/total"] % cfg.group_size == 0 and r["episodes/total"] >= 2 for r in rows)
+
+
+def test_a_rollout_worker_killed_during_async_training(cluster, tmp_path):
+    opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=0.15))
+    cfg = async_config(tmp_path, "kill", max_staleness=1, steps=4, rollout_workers=2)
+    killed = []
+
+    async def saboteur(rt):
+        # Once worker-0 holds a group of step 1 or later (the overlap is under way), kill it.
+        while not any(
+            e.state is GroupState.LEASED and e.worker == "worker-0" and e.step >= 1
+            for e in rt.ledger.entries.values()
+        ):
+            await asyncio.sleep(0.05)
+        ray.kill(rt.workers["worker-0"], no_restart=True)
+        killed.append(True)
+
+    run = train(cfg, opts, on_start=saboteur)
+    assert killed
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert rows[-1]["ray/workers_replaced"] >= 1 and rows[-1]["ray/leases_released"] >= 1
+    assert all(r["staleness/max"] <= 1 and r["async/max_staleness_seen"] <= 1 for r in rows)
+    assert all(t.meta.step - min(t.policy_versions) <= 1 for t in read_trajectories(run))
+    c = ledger_of(run).check(settled=True)
+    assert c["trained"] == 16 and c["dropped"] == 0
+    ids = [t.meta.episode_id for t in read_trajectories(run)]
+    # Every group trained once: the killed worker's groups were rerun under a new attempt id.
+    trained = {e.group_id for e in ledger_of(run).entries.values() if e.state is GroupState.TRAINED}
+    assert len(trained) == 16
+    assert all(sum(i.startswith(g + "-") for i in ids) == cfg.group_size for g in trained)
+
+
+def test_a_driver_killed_mid_async_run_resumes_within_the_bound(cluster, tmp_path):
+    run = tmp_path / "killed"
+    drive = Path(__file__).parent / "drive.py"
+    cmd = [sys.executable, str(drive), cluster.address, str(run), "4", "--max-staleness", "1"]
+    env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    traj = run / "trajectories.jsonl"
+
+    def lines_of(step):
+        return [x for x in (traj.read_text().splitlines() if traj.exists() else []) if f'"step":{step}' in x]
+
+    # Kill once step 1 is trained (its checkpoint written) and step 2's episodes are under way.
+    deadline = time.monotonic() + 400
+    while (
+        proc.poll() is None
+        and time.monotonic() < deadline
+        and not ((run / "checkpoints" / "step-000002").exists() and len(lines_of(2)) >= 2)
+    ):
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = traj.read_text().splitlines()
+    ckpt = RunDir(run).latest_checkpoint()
+    assert ckpt is not None
+    start = ckpt.step
+
+    out = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert "resumed" in out.stdout
+    assert traj.read_text().splitlines()[: len(before)] == before  # nothing finished was lost or rewritten
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert all(r["staleness/max"] <= 1 and r["async/max_staleness_seen"] <= 1 for r in rows)
+    # The resumed run (from the newest checkpoint) reused exactly the complete groups of its steps that
+    # weights it still had sampled (every turn's version <= the checkpoint's step).
+    (tmp_path / "before.jsonl").write_text("\n".join(before) + "\n")
+    members = defaultdict(list)
+    for t in read_trajectories(tmp_path / "before.jsonl"):  # a torn last line is skipped
+        members[t.meta.group_id].append(t)
+    reusable = sum(
+        len(ts)
+        for ts in members.values()
+        if len(ts) == 2
+        and ts[0].meta.step >= start
+        and max(v for t in ts for v in t.policy_versions) <= start
+    )
+    assert sum(r["episodes/reused"] for r in rows) == reusable
+    led = ledger_of(run)
+    for step in range(4):
+        c = led.check(step, settled=True)
+        assert c["trained"] == 4 and c["dropped"] == 0, (step, c)
+    # What each resumed step trained is within the bound: replay finds and reproduces it.
+    tok = resolve_tokenizer("tiny")
+    loaded = load_run(run)
+    for k in range(4):
+        report = reproduce_step(loaded, k, tokenizer=tok)
+        assert report.matches, (k, [c for c in report.checks if not c.match])
+
+
+def test_async_ray_cli_config_is_accepted(tmp_path):
+    # The refusal of --max-staleness with --ray is gone; bad combinations still fail early.
+    cfg = async_config(tmp_path, "cli", max_staleness=1, ray="local")
+    assert cfg.max_staleness == 1 and cfg.ray == "local"
+    with pytest.raises(Exception, match="on-stale drop needs"):
+        dataclasses.replace(cfg, max_staleness=0, on_stale="drop")
