@@ -71,8 +71,8 @@ def quick(setting: Setting) -> Setting:
 
 
 QUICK_WARM = {4: Warm(k=4, slip=0.10, steps=600)}
-"""600 SFT steps: after 400 the quick policy solved ~2 % of prompts, and its 48-trajectory variance pools could
-hold no success at all (zero variance for every estimator, so no ratio)."""
+"""600 SFT steps: after 400 the quick policy solved ~2 % of prompts, and its 48-trajectory variance pools
+could hold no success at all (zero variance for every estimator, so no ratio)."""
 QUICK_CONFIGS = [("otb", 4), ("grpo", 4), ("grpo", 32)]
 QUICK_SEEDS = [0]
 QUICK_POOL = (3, 16)
