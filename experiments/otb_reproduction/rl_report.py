@@ -256,3 +256,89 @@ def markdown(summary: dict[str, Any], runs: dict[str, list[dict[str, Any]]], at:
             f"{c['collapsed']}/{len(c['seeds'])} | {fs} |"
         )
     return "\n".join(lines)
+
+
+def pool_tokens_to_target(
+    stored: dict[str, Any],
+    new_runs: dict[str, list[dict[str, Any]]],
+    targets: Sequence[float],
+    budget_of: Callable[[int], int],
+    refs: Sequence[str] = ("otb-N4", "grpo-N32"),
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Tokens-to-target over the seeds of a committed summary (``stored``: ``rl.json``'s ``configs``, whose
+    per-seed values are kept) plus runs of seeds it lacks (``new_runs``, cut to their budget): per
+    configuration the per-seed values, their mean with a bootstrap interval, the censored count, and the
+    ratios to each of ``refs`` paired by seed. For when the raw runs behind ``stored`` are gone: the
+    summary keeps only what this needs (success curves and gradient norms cannot be pooled)."""
+    rng = np.random.default_rng(seed)
+    per: dict[str, dict[float, dict[int, float]]] = {}
+    origin: dict[str, dict[int, str]] = {}
+    for label in sorted(set(stored) | set(new_runs)):
+        per[label] = {tg: {} for tg in targets}
+        origin[label] = {}
+        cell = stored.get(label)
+        if cell is not None:
+            for tg in targets:
+                for sd, v in zip(cell["seeds"], cell["tokens_to_target"][str(tg)]["per_seed"], strict=True):
+                    per[label][tg][int(sd)] = float(v)
+            origin[label] = {int(sd): "committed" for sd in cell["seeds"]}
+        for r in new_runs.get(label, []):
+            if r["seed"] in origin[label]:
+                continue  # a rerun of a committed seed: the committed value stands
+            r = truncate(r, budget_of(r["group_size"]))
+            for tg in targets:
+                per[label][tg][r["seed"]], _ = tokens_to_target(r["curve"], tg, r["setting"]["token_budget"])
+            origin[label][r["seed"]] = "new"
+    out: dict[str, Any] = {}
+    for label, by_tg in per.items():
+        n = int(label.split("-N")[1])
+        cell = {"seeds": sorted(origin[label]), "origin": origin[label], "tokens_to_target": {}}
+        for tg, vals in by_tg.items():
+            x = np.array([vals[sd] for sd in sorted(vals)])
+            cell["tokens_to_target"][str(tg)] = {
+                "mean": boot_mean(x, rng),
+                "censored": int(sum(v >= budget_of(n) for v in x)),
+                "per_seed": {str(sd): vals[sd] for sd in sorted(vals)},
+            }
+        for ref in refs:
+            if ref not in per:
+                continue
+            cell["ratio_to_" + ref] = {}
+            for tg in targets:
+                a, b = by_tg[tg], per[ref][tg]
+                common = sorted(set(a) & set(b))
+                xa, xb = np.array([a[s] for s in common]), np.array([b[s] for s in common])
+                picks = rng.integers(0, len(common), size=(2000, len(common)))
+                reps = xa[picks].mean(1) / xb[picks].mean(1)
+                lo, hi = np.percentile(reps, [2.5, 97.5])
+                cell["ratio_to_" + ref][str(tg)] = [float(xa.mean() / xb.mean()), float(lo), float(hi)]
+        out[label] = cell
+    return out
+
+
+def pooled_markdown(pooled: dict[str, Any], targets: Sequence[float]) -> str:
+    """The pooled tokens-to-target table."""
+    head = " | ".join(f"tokens to {tg} (k)" for tg in targets)
+    lines = [
+        f"| config | seeds | {head} | vs otb-N4 at 0.7 | vs grpo-N32 at 0.7 |",
+        "|---|---:|" + "---:|" * (len(targets) + 2),
+    ]
+
+    def ci(v: Sequence[float], scale: float = 1.0, fmt: str = "{:.0f}") -> str:
+        return f"{fmt.format(v[0] / scale)} [{fmt.format(v[1] / scale)}, {fmt.format(v[2] / scale)}]"
+
+    for label in sorted(pooled, key=lambda k: (k.split("-N")[0] != "otb", int(k.split("-N")[1]), k)):
+        cell = pooled[label]
+        cols = []
+        for tg in targets:
+            t = cell["tokens_to_target"][str(tg)]
+            extra = f" ({t['censored']} censored)" if t["censored"] else ""
+            cols.append(ci(t["mean"], 1000) + extra)
+        ratios = [
+            ci(cell[f"ratio_to_{r}"]["0.7"], fmt="{:.2f}") if f"ratio_to_{r}" in cell else "—"
+            for r in ("otb-N4", "grpo-N32")
+        ]
+        new = sum(o == "new" for o in cell["origin"].values())
+        lines.append(f"| {label} | {len(cell['seeds'])} ({new} new) | " + " | ".join(cols + ratios) + " |")
+    return "\n".join(lines)

@@ -6,6 +6,7 @@
     flock /tmp/agentrl-heavy.lock python experiments/otb_reproduction/run.py smollm2-pools --prompts 0 1
     python experiments/otb_reproduction/run.py variance-smollm2      # analysis of the saved SmolLM2 pools
     python experiments/otb_reproduction/run.py report               # tables (JSON) and figures (PNG)
+    python experiments/otb_reproduction/run.py pool                 # committed seeds + new runs' seeds
 
 Intermediate results go under ``--work`` (default ``runs/otb-reproduction``, not committed): warm starts,
 one JSON per RL run, variance pools. ``report`` writes the small summary JSON files and PNGs that are
@@ -242,6 +243,17 @@ def cmd_report(work: Path, out: Path, figs: Path, quick: bool) -> str:
     return f"variance OTB/GRPO at N=4: {v:.2f}; tokens-to-target OTB N=4 vs GRPO N=32: {y:.2f}"
 
 
+def cmd_pool(work: Path, out: Path) -> str:
+    """Tokens-to-target of the main sweep over the committed summary's seeds plus the runs in ``work`` of
+    seeds it lacks (results/rl_pooled.json); return the markdown table."""
+    stored = json.loads((out / "rl.json").read_text())["main"]["configs"]
+    budget = budget_fn(S.MAIN, False)
+    new = rl_report.load_runs(work / "rl", S.MAIN.name)
+    pooled = rl_report.pool_tokens_to_target(stored, new, S.TARGETS, budget)
+    _save(out / "rl_pooled.json", pooled)
+    return rl_report.pooled_markdown(pooled, S.TARGETS)
+
+
 def cmd_tables(work: Path, quick: bool) -> str:
     """Markdown tables of everything (pasted into docs/reproduction.md)."""
     parts = []
@@ -341,7 +353,10 @@ def main(argv: list[str] | None = None) -> int:
         cmd_variance_smollm2(work)
     if cmd == "tables":
         print(cmd_tables(work, a.quick))
-    if cmd not in ("sweep", "all", "variance-tiny", "smollm2-pools", "variance-smollm2", "report", "tables"):
+    if cmd == "pool":
+        print(cmd_pool(work, out))
+    known = ("sweep", "all", "variance-tiny", "smollm2-pools", "variance-smollm2", "report", "tables", "pool")
+    if cmd not in known:
         raise SystemExit(f"unknown command {a.command!r}")
     if cmd in ("report", "all"):
         line = cmd_report(work, out, figs, a.quick)
