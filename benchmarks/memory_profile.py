@@ -13,7 +13,8 @@ counted from the live objects at the end.
 Variants (``--variants``), each a fresh process: ``default``; ``arena2`` (``MALLOC_ARENA_MAX=2``); ``mmap``
 (``MALLOC_MMAP_THRESHOLD_=1048576`` — fixed threshold, so every tensor of 1 MiB or more is its own mapping and
 goes back to the OS when freed — plus ``MALLOC_TRIM_THRESHOLD_``); ``static`` (the old static-batch HFPolicy
-from ``--baseline-ref``, to separate the generation path's share). Writes docs/benchmarks/memory.md.
+from ``--baseline-ref``, to separate the generation path's share); ``notrim`` (the trainer without its
+``malloc_trim`` between phases and the learner's micro-batches). Writes docs/benchmarks/memory.md.
 
     flock /tmp/agentrl-heavy.lock .venv/bin/python benchmarks/memory_profile.py [--variants default,mmap]
 """
@@ -41,6 +42,7 @@ VARIANT_ENV = {
     "static": {},
     "arena2": {"MALLOC_ARENA_MAX": "2"},
     "mmap": {"MALLOC_MMAP_THRESHOLD_": str(2**20), "MALLOC_TRIM_THRESHOLD_": str(2**27)},
+    "notrim": {},
 }
 
 
@@ -160,7 +162,7 @@ def _wrap(obj: Any, attr: str, name: str) -> None:
     setattr(obj, attr, wrapper)
 
 
-def _install(static_ref: str | None) -> None:
+def _install(static_ref: str | None, trim: bool = True) -> None:
     global PROBE
     PROBE = Probe()
     import torch
@@ -174,6 +176,10 @@ def _install(static_ref: str | None) -> None:
         from generation import static_policy_class  # benchmarks/generation.py
 
         train_setup.HFPolicy = local.HFPolicy = hf_mod.HFPolicy = static_policy_class(static_ref)
+    if not trim:  # the trainer as it was before it trimmed the heaps (between phases and micro-batches)
+        import agentrl.learner.learner as learner_impl
+
+        local.trim_heap = learner_impl.trim_heap = lambda: None
     # The local runtime (trainers/local.py) loads the model, learns, checkpoints and evaluates.
     _wrap(local, "resolve_model", "model load")
     _wrap(local, "policy_update", "learn")
@@ -240,7 +246,7 @@ def _persistent(learner: Any) -> dict[str, float]:
 
 
 def child(args: argparse.Namespace) -> None:
-    _install(args.baseline_ref if args.variant == "static" else None)
+    _install(args.baseline_ref if args.variant == "static" else None, trim=args.variant != "notrim")
     from agentrl.trainers.cli import main as cli
 
     assert PROBE is not None

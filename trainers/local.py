@@ -12,6 +12,7 @@ from typing import Any
 from agentrl.chat import ChatRenderer
 from agentrl.checkpoint import CheckpointState, load_checkpoint, save_checkpoint
 from agentrl.groups import TrajectoryGroup
+from agentrl.heap import trim_heap
 from agentrl.learner import Learner
 from agentrl.models import resolve_model
 from agentrl.policies import HFPolicy
@@ -89,6 +90,7 @@ class LocalRuntime:
         clear = getattr(self.policy, "clear_cache", None)
         if callable(clear) and self.cfg.max_staleness == 0:
             clear()  # the KV of this step's turns is stale once the weights change: free it before learning
+        trim_heap()
         step = int(groups[0][0].meta.step or 0)  # the step that trains them (the learner's version)
         update = await asyncio.to_thread(
             policy_update,
@@ -121,6 +123,7 @@ class LocalRuntime:
         clear = getattr(self.policy, "clear_cache", None)
         if callable(clear):
             clear()  # the eval's prompts are not the training tasks': give their KV back
+        trim_heap()
         return report
 
     async def publish(self, version: int) -> None:

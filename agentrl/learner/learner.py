@@ -18,6 +18,7 @@ from torch import nn
 
 from agentrl.batch import TokenBatch
 from agentrl.errors import ConfigError
+from agentrl.heap import trim_heap
 from agentrl.learner.config import LearnerConfig, LearnerStats
 from agentrl.learner.distributed import all_reduce_floats, world_size
 from agentrl.learner.forward import ForwardOutput, forward_logprobs
@@ -262,6 +263,9 @@ class Learner:
                     mb, weight[idx, :t], adv[idx, :t], ref, idx, dummy
                 )
                 loss.backward()
+            # Autograd's small allocations of this micro-batch are freed now but stay resident in the heaps;
+            # the next micro-batch's activations would peak on top of them.
+            trim_heap()
             if dummy:
                 continue
             m = mb.loss_mask_B_T
