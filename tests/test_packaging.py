@@ -35,7 +35,7 @@ FORBIDDEN = {
 # Layers inside the core, bottom first. A module may import modules of its own layer and of the layers below,
 # never above; a package (credit, learner, policies, replay) is one unit. docs/architecture.md draws them.
 CORE_LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("foundation", frozenset({"errors", "_sync", "config", "weights", "tokenizer_id", "loading"})),
+    ("foundation", frozenset({"errors", "_sync", "config", "weights", "tokenizer_id", "loading", "heap"})),
     ("data", frozenset({"types", "execution", "run", "groups"})),
     ("contracts", frozenset({"protocols", "env", "registry", "checker"})),
     ("tokens", frozenset({"masking", "chat", "audit"})),

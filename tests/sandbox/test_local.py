@@ -111,7 +111,9 @@ async def test_junk_on_the_control_channel_is_contained(local_sb):
         "for fd in range(3, 64):\n"
         '    try: os.write(fd, b\'{"not": "a frame"}\\n\')\n'
         "    except OSError: pass\n"
-        "import time; time.sleep(0.2)"
+        # Time for the host to read the junk and kill the run before it ends on its own: 0.2 s was not
+        # enough on a 2-core machine loaded by other tests (the run ended OK first). A kill ends it sooner.
+        "import time; time.sleep(3)"
     )
     r = await local_sb.run(code)
     assert r.status is ToolStatus.KILLED and r.state_lost
