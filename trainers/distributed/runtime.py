@@ -412,10 +412,8 @@ class RayRuntime:
         of the step is dropped with the reason (all infrastructure failures; or, training asynchronously,
         left out by the trainer: a straggler still running, or finished over the staleness bound). Then
         check the ledger's accounting."""
-        trained, self._trained = (
-            {k for k in self._trained if k[0] == step},
-            {k for k in self._trained if k[0] != step},
-        )
+        trained = {k for k in self._trained if k[0] == step}
+        self._trained -= trained
         if step < 0 or step < self._start - 1:
             return
         self.ledger.mark_trained(sorted(trained))
