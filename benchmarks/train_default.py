@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -45,12 +46,18 @@ def run_train(seed: int, out: Path, extra: list[str]) -> dict[str, Any]:
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
     assert proc.stdout is not None and proc.stderr is not None
+    stop = threading.Event()
+    trace: list[tuple[float, float]] = []
+    tracer = threading.Thread(target=_trace_rss, args=(proc.pid, t0, stop, trace), daemon=True)
+    tracer.start()
     lines: list[tuple[float, str]] = []
     for line in proc.stdout:
         lines.append((time.perf_counter() - t0, line.rstrip("\n")))
         print(f"[{lines[-1][0]:6.0f}s] {line}", end="", flush=True)
     err = proc.stderr.read()
     wall = time.perf_counter() - t0
+    stop.set()
+    tracer.join()
     if proc.wait() != 0:
         raise RuntimeError(f"agentrl train failed:\n{err[-4000:]}")
 
@@ -67,9 +74,23 @@ def run_train(seed: int, out: Path, extra: list[str]) -> dict[str, Any]:
         path = out / f"eval-{label}.json"
         if path.exists():
             eval_s[label] = json.loads(path.read_text())["seconds"]
+    ends = [at(f"step {i}:") for i in range(len(metrics))]
+    phases: list[tuple[str, float, float]] = []  # (name, start, end) in seconds since the start
+    for i, (m, end) in enumerate(zip(metrics, ends, strict=True)):
+        if end is not None:
+            start = end - m["time/step_s"]
+            phases += [(f"step {i} rollout", start, start + m["time/rollout_s"])]
+            phases += [(f"step {i} learn", start + m["time/rollout_s"], end)]
+    first = phases[0][1] if phases else wall
+    last = phases[-1][2] if phases else wall
+    phases = [("start + untrained eval", 0.0, first), *phases, ("checkpoint + trained eval", last, wall)]
+    peak_by_phase = {
+        name: round(max((g for t, g in trace if a <= t <= b), default=0.0), 3) for name, a, b in phases
+    }
     return {
         "seed": seed,
         "wall_s": wall,
+        "rss_by_phase_gib": peak_by_phase,
         "peak_rss_gib": int(timev("Maximum resident set size")) * 1024 / GIB,
         "cpu_s": float(timev("User time")) + float(timev("System time")),
         "setup_s": at("agentrl train:"),
@@ -92,6 +113,23 @@ def run_train(seed: int, out: Path, extra: list[str]) -> dict[str, Any]:
         "eval": evaluation,
         "load_end": os.getloadavg()[0],
     }
+
+
+def _trace_rss(pid: int, t0: float, stop: threading.Event, out: list[tuple[float, float]]) -> None:
+    """Resident memory (GiB) of the trainer (the child of ``/usr/bin/time``, pid ``pid``) every 0.25 s."""
+    child = None
+    while not stop.is_set():
+        try:
+            if child is None:
+                kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+                child = int(kids[0]) if kids else None
+            if child is not None:
+                status = Path(f"/proc/{child}/status").read_text()
+                kib = next(int(x.split()[1]) for x in status.splitlines() if x.startswith("VmRSS:"))
+                out.append((time.perf_counter() - t0, kib * 1024 / GIB))
+        except (OSError, StopIteration, ValueError):
+            pass
+        stop.wait(0.25)
 
 
 def _load(seed: int) -> tuple[Any, Any]:
@@ -215,13 +253,18 @@ def floor_seconds(tokens: int, batch: int, seed: int, model: Any, tok: Any) -> d
 
 
 def record(seed: int, extra: list[str]) -> dict[str, Any]:
+    model, tok = _load(seed)
+    # This machine's speed drifts by tens of percent within minutes: the floor is timed just before the run
+    # and again after it, and the faster of the two is used (the smaller floor: the larger, honest ratio).
+    before = floor_seconds(1024, 16, seed, model, tok)
     with tempfile.TemporaryDirectory() as d:
         res = run_train(seed, Path(d) / "run", extra)
-        model, tok = _load(seed)
         res["rerun"] = rerun_step0(Path(d) / "run", seed, model, tok) if not extra else None
     steps = res["steps"]
     median = sorted(steps, key=lambda s: s["sampled_tokens"])[len(steps) // 2]
-    floor = floor_seconds(median["sampled_tokens"], 16, seed, model, tok)
+    after = floor_seconds(median["sampled_tokens"], 16, seed, model, tok)
+    floor = max(before, after, key=lambda f: f["floor_tokens"] / f["floor_s"])
+    res["floor_before"], res["floor_after"] = before, after
     rate = floor["floor_tokens"] / floor["floor_s"]
     for s in steps:
         s["floor_s"] = s["sampled_tokens"] / rate
@@ -300,8 +343,10 @@ def write_docs(runs: list[dict[str, Any]]) -> list[str]:
         "machine's. Peak RSS and wall time come from `/usr/bin/time -v` on the `agentrl train` process.",
         "",
         "The floor: plain `model.generate` (sampling at temperature 1, batch 16 = the rollout's concurrency, "
-        "prompts from the env's tasks, 2 torch threads), timed in the same invocation after the run for the "
-        "median step's number of sampled tokens; each step's floor is its sampled tokens at that rate. "
+        "prompts from the env's tasks, 2 torch threads), timed in the same invocation just before the run "
+        "(1,024 tokens) and after it (the median step's number of sampled tokens); the faster of the two "
+        "rates is used (this machine's speed drifts by tens of percent within minutes; the faster floor "
+        "gives the larger ratio), and each step's floor is its sampled tokens at that rate. "
         "rollout / floor includes everything a rollout does besides sampling (prefill of prompts and tool "
         "outputs, the sandboxed Python calls, the env's checks).",
         "",
@@ -339,11 +384,35 @@ def write_docs(runs: list[dict[str, Any]]) -> list[str]:
             )
     lines += [
         "",
-        "Floor measurements: "
+        "Floor measurements (used: the faster): "
         + "; ".join(
-            f"seed {r['seed']}: {r['floor']['floor_tokens']} tokens at batch {r['floor']['batch']} in "
-            f"{r['floor']['floor_s']:.1f} s ({r['floor']['floor_tokens'] / r['floor']['floor_s']:.0f} tok/s)"
+            f"seed {r['seed']}: "
+            + ", ".join(
+                f"{when} {f['floor_tokens']} tokens at batch {f['batch']} in {f['floor_s']:.1f} s "
+                f"({f['floor_tokens'] / f['floor_s']:.0f} tok/s)"
+                for when, f in (
+                    ("before", r.get("floor_before")),
+                    ("after", r.get("floor_after") or r["floor"]),
+                )
+                if f
+            )
             for r in runs
+        )
+        + ".",
+        "",
+        *[f"Note on seed {r['seed']}: {r['note']}." for r in runs if r.get("note")],
+        "",
+        "The floor's own speed moved between recordings: plain `generate` sampled 57-61 tokens/s on "
+        "2026-11-23 (transformers 5.23) and 33-40 tokens/s on 2026-11-26 (transformers 5.24; the learner "
+        "was ~10 % slower that day too), so compare ratios within one recording date.",
+        "",
+        "Peak resident memory by phase (the trainer's VmRSS sampled every 0.25 s; runs recorded before this "
+        "trace existed have none): "
+        + "; ".join(
+            f"seed {r['seed']}: "
+            + ", ".join(f"{name} {gib:.2f} GiB" for name, gib in r["rss_by_phase_gib"].items())
+            for r in runs
+            if r.get("rss_by_phase_gib")
         )
         + ".",
         "",
@@ -405,10 +474,13 @@ def main() -> None:
     ap.add_argument("--train-args", default="", help="more `agentrl train` arguments (recorded)")
     ap.add_argument("--docs-only", action="store_true", help="rebuild train.md from the stored results")
     ap.add_argument("--no-record", action="store_true", help="do not store the result in the docs")
+    ap.add_argument("--json", type=Path, help="also write this run's result here")
     args = ap.parse_args()
     runs: list[dict[str, Any]] = json.loads(STORE.read_text()) if STORE.exists() else []
     if not args.docs_only:
         res = record(args.seed, args.train_args.split())
+        if args.json:
+            args.json.write_text(json.dumps(res, indent=1) + "\n")
         if not args.no_record:
             runs = [r for r in runs if r["seed"] != args.seed] + [res]
             runs.sort(key=lambda r: r["seed"])

@@ -104,13 +104,13 @@ class TrainConfig:
     """How episodes run: turn and token limits, sampling, concurrency (the HF policy batches the turns of
     the episodes in flight)."""
     learner: LearnerConfig = field(
-        default_factory=lambda: LearnerConfig(lr=3e-6, micro_batch_tokens=512, chunk_size=256)
+        default_factory=lambda: LearnerConfig(lr=3e-6, micro_batch_tokens=384, chunk_size=128)
     )
     """Loss, optimizer and memory settings. A 135M fp32 model keeps ~1.5 MB per token for backward, so a
-    micro-batch holds ~512 padded tokens (one or two episodes; the gradient does not depend on the split; a
-    longer episode is recomputed), and the LM head runs 256 tokens at a time (a [256, 49152] fp32 buffer is
-    48 MiB). Whole default runs peak at 4.2-4.9 GiB resident; --learner.gradient-checkpointing true brings
-    that to 3.8 GiB for ~75 % more learner time (docs/benchmarks.md, memory_budget)."""
+    micro-batch holds ~384 padded tokens (one or two episodes; the gradient does not depend on the split; a
+    longer episode is recomputed), and the LM head runs 128 tokens at a time (a [128, 49152] fp32 buffer is
+    24 MiB). These keep whole default runs under 4 GiB resident for ~6 % more learner time than 512/256
+    (docs/benchmarks.md, memory_budget)."""
     checkpoint_every: int = 1
     """Write a checkpoint every this many steps (and at the end, and on SIGINT/SIGTERM)."""
     keep_checkpoints: int = 3

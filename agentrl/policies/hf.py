@@ -52,6 +52,8 @@ class HFPolicy:
         pad_token_id: Id at padding positions (masked). Default: the tokenizer's, else the first stop id.
         cache_bytes: Byte budget of the KV prefix cache (0 turns reuse off).
         max_prefill_tokens: Most prompt tokens prefilled per engine step.
+        packed_weights: Decode on pre-packed weight copies (faster small-batch steps on CPU; see
+            :class:`~agentrl.policies.engine.GenerationEngine`). ``None``: on where it applies.
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class HFPolicy:
         pad_token_id: int | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         max_prefill_tokens: int = 2048,
+        packed_weights: bool | None = None,
     ):
         if batch_wait_s < 0:
             raise ConfigError(f"batch_wait_s must be >= 0, got {batch_wait_s!r}")
@@ -96,6 +99,7 @@ class HFPolicy:
             device=device,
             seed=seed,
             version=version,
+            packed_weights=packed_weights,
         )
         self.device = self.engine.device
         self.vocab_size = self.engine.vocab_size

@@ -1,0 +1,170 @@
+"""Decoding-time twin of a model whose linear layers run on pre-packed weights (CPU, fp32, MKL).
+
+A decode step multiplies a handful of rows (one per running request) by every weight matrix. For such
+small ``M``, MKL's ``sgemm`` re-packs the whole weight matrix on every call, so a step at 16 rows costs 3-4x
+the time of reading the weights once (SmolLM2-135M on 2 cores: 35 ms for the LM head alone, 10 ms with a
+packed copy; docs/benchmarks/generation.md). Packing once per weight version removes that: the twin's
+``nn.Linear`` layers keep a packed copy (``torch.ops.mkl._mkl_reorder_linear_weight``, the packing
+torch's own CPU compiler uses) and multiply up to ``rows`` rows against it, padding smaller batches to
+``rows`` (inputs of a few times ``rows`` run in chunks); long inputs (prefills) and anything with
+gradients take the plain path.
+
+The twin shares every parameter and buffer with the model (no copy of the weights), and its modules share
+the model's forward-hook registries (a hook added to the model later runs in generation too): only the
+module tree is duplicated, so the learner's model keeps its own modules and modes (the twin is always in
+eval mode). A pack is rebuilt whenever its
+weight changed in place (the tensor's version counter: optimizer steps, ``copy_`` of new weights) or was
+replaced; :meth:`InferenceTwin.drop` frees the packs (they hold as much memory as the weights) and the next
+:meth:`InferenceTwin.refresh` rebuilds them.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["InferenceTwin", "packed_linear_available"]
+
+PACK_ROWS = 16
+"""Rows a pack is built for: decode batches of up to this many rows use it (padded to it)."""
+MIN_ROWS = 4
+"""Below this many rows the plain product is faster (MKL multiplies 1-3 rows as matrix-vector products
+without packing), so the pack is skipped."""
+MAX_CHUNKS = 4
+"""Inputs of up to this many packs' rows run as chunks on the pack (still faster than the plain product);
+longer ones (prefills) take the plain path, which is efficient at that size."""
+
+_available: bool | None = None
+_HOOK_DICTS = (
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+)
+
+
+def packed_linear_available() -> bool:
+    """Whether this torch has MKL's packed GEMM (x86 CPU wheels do; ARM and CUDA-only builds may not)."""
+    global _available
+    if _available is None:
+        try:
+            w = torch.randn(8, 4)
+            x = torch.randn(2, 4)
+            pack = torch.ops.mkl._mkl_reorder_linear_weight(w, 2)
+            out = torch.ops.mkl._mkl_linear(x, pack, w, None, 2)
+            _available = bool(torch.allclose(out, x @ w.T, atol=1e-5))
+        except (AttributeError, RuntimeError, NotImplementedError):
+            _available = False
+    return _available
+
+
+class _PackedLinear(nn.Module):
+    """``nn.Linear`` over the original layer's (shared) weight, with a packed copy for small inputs."""
+
+    def __init__(self, linear: nn.Linear, rows: int):
+        super().__init__()
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.rows = rows
+        self.pack: torch.Tensor | None = None
+        self._key: tuple[int, int] | None = None
+        self._pad: torch.Tensor | None = None
+
+    def refresh(self) -> bool:
+        w = self.weight
+        key = (w.data_ptr(), w._version)
+        if self.pack is not None and key == self._key:
+            return False
+        with torch.no_grad():
+            self.pack = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), self.rows)
+        self._key = key
+        return True
+
+    def drop(self) -> None:
+        self.pack, self._key, self._pad = None, None, None
+
+    @property
+    def packed_bytes(self) -> int:
+        return 0 if self.pack is None else self.weight.numel() * self.weight.element_size()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = x.shape[-1]
+        m = x.numel() // k if k else 0
+        if (
+            self.pack is None
+            or not MIN_ROWS <= m <= self.rows * MAX_CHUNKS
+            or torch.is_grad_enabled()
+            or x.dtype != torch.float32
+        ):
+            return F.linear(x, self.weight, self.bias)
+        x_M_K = x.reshape(m, k)
+        if m == self.rows:
+            out_M_N = self._mm(x_M_K.contiguous())
+        else:
+            pieces = []
+            for i in range(0, m, self.rows):
+                n = min(self.rows, m - i)
+                if self._pad is None:  # rows past n hold earlier inputs: finite, their outputs dropped
+                    self._pad = torch.zeros(self.rows, k, dtype=x.dtype)
+                self._pad[:n].copy_(x_M_K[i : i + n])
+                pieces.append(self._mm(self._pad)[:n])
+            out_M_N = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        return out_M_N.reshape(*x.shape[:-1], out_M_N.shape[-1])
+
+    def _mm(self, x_R_K: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.ops.mkl._mkl_linear(x_R_K, self.pack, self.weight, self.bias, self.rows)
+        return out
+
+
+class InferenceTwin:
+    """A copy of ``model``'s module tree sharing all its tensors, whose fp32 CPU linears decode on packs.
+
+    Use :attr:`module` like the model (same forward); call :meth:`refresh` before a forward (cheap when
+    nothing changed) and :meth:`drop` to give the packs' memory back.
+    """
+
+    def __init__(self, model: nn.Module, rows: int = PACK_ROWS):
+        shared: dict[int, Any] = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+        config = getattr(model, "config", None)
+        if config is not None:
+            shared[id(config)] = config  # one config: attention-implementation switches reach both
+        self.module: nn.Module = copy.deepcopy(model, shared)
+        self.module.eval()  # generation never uses dropout, whatever mode the learner left the model in
+        self.layers: list[_PackedLinear] = []
+        for parent in list(self.module.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) is nn.Linear and _packable(child.weight):
+                    packed = _PackedLinear(child, rows)
+                    setattr(parent, name, packed)
+                    self.layers.append(packed)
+        # Forward hooks registered on the model's modules, now or later, run in the twin too (they get the
+        # twin's module as their first argument).
+        for name, original in model.named_modules():
+            twin = self.module.get_submodule(name)
+            for attr in _HOOK_DICTS:
+                if hasattr(original, attr):
+                    setattr(twin, attr, getattr(original, attr))
+
+    def refresh(self) -> int:
+        """Re-pack every layer whose weight changed since it was packed; returns how many were."""
+        return sum(layer.refresh() for layer in self.layers)
+
+    def drop(self) -> None:
+        """Free the packs (the next :meth:`refresh` rebuilds them)."""
+        for layer in self.layers:
+            layer.drop()
+
+    @property
+    def packed_bytes(self) -> int:
+        """Bytes the packs hold now."""
+        return sum(layer.packed_bytes for layer in self.layers)
+
+
+def _packable(w: torch.Tensor) -> bool:
+    return w.device.type == "cpu" and w.dtype == torch.float32 and w.dim() == 2 and not w.is_quantized
