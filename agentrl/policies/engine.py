@@ -1,23 +1,23 @@
 """GenerationEngine: continuous batching over a transformers causal LM, with KV reuse across turns and groups.
 
 The core is synchronous and thread-agnostic: :meth:`GenerationEngine.submit` (any thread) queues a request,
-and whoever drives the engine — a worker thread of :class:`~agentrl.policies.HFPolicy`, a Ray actor's loop, a
-plain ``while engine.step(): pass`` — calls :meth:`GenerationEngine.step`. One step
+and whoever drives the engine (HFPolicy's worker thread, a Ray actor's loop, ``while engine.step(): pass``)
+calls :meth:`GenerationEngine.step`. One step
 
-1. admits waiting requests into free rows: each takes the longest cached prefix of its prompt from the
-   :class:`~agentrl.policies.kvcache.PrefixTree` (its own previous turn, or the prompt its group shares), and
-   only the rest is prefilled, computing logits for the last position only; requests whose prompt shares a
-   longer prefix with one admitted in the same step wait for that one's prefill and reuse it;
-2. decodes one token for every row that was already running, in one forward over rows of different lengths
-   (per-row KV slots and an explicit 4D mask);
+1. admits waiting requests into free rows, each taking the longest cached prefix of its prompt from the
+   :class:`~agentrl.policies.kvcache.PrefixTree` (its previous turn, or its group's prompt) and prefilling
+   only the rest (logits for the last position only); a request sharing a longer prefix with one admitted in
+   the same step waits for that one's prefill and reuses it;
+2. decodes one token for every running row in one forward over rows of different lengths (per-row KV slots,
+   an explicit 4D mask; on CPU the linear layers run on pre-packed weights, :mod:`agentrl.policies.packed`);
 3. retires finished rows at once (stop token or ``max_new_tokens``): their KV goes into the prefix tree for
-   the episode's next turn, and the row is free for a waiting request at the next step.
+   the next turn, and the row is free at the next step.
 
-Sampling: ``log_softmax(logits / temperature)`` (renormalized over the nucleus when ``top_p < 1``); the
-token is drawn by an exponential race (Gumbel-max) whose noise comes from the request's own
-``torch.Generator`` seeded with ``sampling.seed``, so with a seed a request's tokens do not depend on its
-batch-mates or on arrival order, up to floating-point differences between batch shapes. The recorded log-prob
-is that of the sampled token under the distribution sampled from.
+Sampling: ``log_softmax(logits / temperature)`` (renormalized over the nucleus when ``top_p < 1``); the token
+is drawn by an exponential race (Gumbel-max) whose noise comes from the request's own ``torch.Generator``
+seeded with ``sampling.seed``, so a seeded request's tokens do not depend on its batch-mates or arrival order,
+up to floating-point differences between batch shapes. The recorded log-prob is that of the sampled token
+under the distribution sampled from.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ import torch
 
 from agentrl.errors import ConfigError, PolicyError
 from agentrl.models import cache_kwarg
-from agentrl.policies.kvcache import KVSpec, PrefixMatch, PrefixTree, SlotCache
-from agentrl.policies.packed import InferenceTwin, packed_linear_available
+from agentrl.policies.kvcache import KVSpec, PrefixMatch, PrefixTree, SlotCache, _common_prefix
+from agentrl.policies.packed import InferenceTwin, use_packed
+from agentrl.policies.sampling import nucleus
 from agentrl.protocols import FinishReason, Generation, Sampling
 
-__all__ = ["DEFAULT_CACHE_BYTES", "EngineRequest", "EngineStats", "GenerationEngine"]
+__all__ = ["DEFAULT_CACHE_BYTES", "EngineRequest", "EngineStats", "GenerationEngine", "nucleus"]
 
 DEFAULT_CACHE_BYTES = 512 * 2**20
 """Default byte budget of the prefix tree (512 MiB: a default rollout's KV for SmolLM2-135M in fp32)."""
@@ -146,10 +147,9 @@ class GenerationEngine:
         release_when_idle: Free the rows' KV buffer when nothing is running (its size follows the longest
             row; the prefix tree keeps what the next turns need).
         version: Initial weights version.
-        packed_weights: Decode on pre-packed copies of the linear layers' weights
-            (:mod:`agentrl.policies.packed`; 2-4x faster decode steps on CPU, as much extra memory as the
-            weights while generating, freed by :meth:`clear_cache`). ``None``: on for fp32 models on a CPU
-            whose torch has MKL's packed GEMM.
+        packed_weights: Decode on pre-packed weight copies (:mod:`agentrl.policies.packed`: 2-4x faster
+            decode steps on CPU, as much extra memory as the weights while generating, freed by
+            :meth:`clear_cache`). ``None``: on for fp32 models on a CPU whose torch has MKL's packed GEMM.
     """
 
     def __init__(
@@ -175,15 +175,7 @@ class GenerationEngine:
         if not stop_token_ids:
             raise ConfigError("the generation engine needs at least one stop token id")
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
-        if packed_weights is None:
-            packed_weights = (
-                self.device.type == "cpu"
-                and next(model.parameters()).dtype == torch.float32
-                and packed_linear_available()
-            )
-        elif packed_weights and not packed_linear_available():
-            raise ConfigError("packed_weights=True needs a torch build with MKL's packed GEMM (x86 CPU)")
-        self.packed_weights = bool(packed_weights)
+        self.packed_weights = use_packed(packed_weights, self.device, next(model.parameters()).dtype)
         self._model = model
         self._twin = InferenceTwin(model) if self.packed_weights else None
         self.spec = KVSpec.from_model(model, self.device)
@@ -227,9 +219,7 @@ class GenerationEngine:
     def model(self, model: Any) -> None:
         with self.lock:
             self._model = model
-            self._twin = None
-            if self.packed_weights and model is not None:
-                self._twin = InferenceTwin(model)
+            self._twin = InferenceTwin(model) if self.packed_weights and model is not None else None
 
     @property
     def version(self) -> int:
@@ -444,7 +434,8 @@ class GenerationEngine:
             for r in cands:
                 m = self._match(r.prompt_ids)
                 # A batch-mate admitted in this round shares a longer prefix: prefill after it, reusing it.
-                if any(_lcp(r.prompt_ids, c.prompt_ids) >= m.length + _SHARE_MIN for c, _ in chosen):
+                shared = (_common_prefix(c.prompt_ids, r.prompt_ids, 0, len(r.prompt_ids)) for c, _ in chosen)
+                if any(n >= m.length + _SHARE_MIN for n in shared):
                     deferred.append(r)
                     continue
                 cost = len(r.prompt_ids) - m.length
@@ -606,23 +597,3 @@ class GenerationEngine:
 def _row_reader(slots: SlotCache, row: int) -> Callable[[int, int], torch.Tensor]:
     """``read_kv(start, stop)`` over one row of ``slots`` (what :meth:`PrefixTree.insert` asks for)."""
     return lambda start, stop: slots.read(row, start, stop)
-
-
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-def nucleus(logp_V: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Log-probs renormalized over the smallest set of tokens whose mass reaches ``top_p``."""
-    sorted_lp, order = torch.sort(logp_V, descending=True)
-    cum = sorted_lp.exp().cumsum(-1)
-    # Keep a token if the mass *before* it is < top_p (so the top token is always kept).
-    keep_sorted = (cum - sorted_lp.exp()) < top_p
-    keep = torch.zeros_like(keep_sorted)
-    keep[order] = keep_sorted
-    masked = logp_V.masked_fill(~keep, float("-inf"))
-    return masked - torch.logsumexp(masked, dim=-1)

@@ -28,7 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["InferenceTwin", "packed_linear_available"]
+from agentrl.errors import ConfigError
+
+__all__ = ["InferenceTwin", "packed_linear_available", "use_packed"]
 
 PACK_ROWS = 16
 """Rows a pack is built for: decode batches of up to this many rows use it (padded to it)."""
@@ -62,6 +64,15 @@ def packed_linear_available() -> bool:
         except (AttributeError, RuntimeError, NotImplementedError):
             _available = False
     return _available
+
+
+def use_packed(requested: bool | None, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether an engine decodes on packs: ``requested``, or by default for fp32 CPU models."""
+    if requested is None:
+        return device.type == "cpu" and dtype == torch.float32 and packed_linear_available()
+    if requested and not packed_linear_available():
+        raise ConfigError("packed_weights=True needs a torch build with MKL's packed GEMM (x86 CPU)")
+    return bool(requested)
 
 
 class _PackedLinear(nn.Module):

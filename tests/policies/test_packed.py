@@ -10,7 +10,7 @@ from torch import nn
 
 from agentrl.errors import ConfigError
 from agentrl.models import tiny_model
-from agentrl.policies import engine as engine_mod
+from agentrl.policies import packed as packed_mod
 from agentrl.policies.engine import GenerationEngine
 from agentrl.policies.packed import InferenceTwin, packed_linear_available
 from agentrl.protocols import Sampling
@@ -119,7 +119,7 @@ def test_engine_clear_cache_drops_the_packs_and_the_next_step_rebuilds_them(tok)
 
 def test_packed_weights_on_demand_needs_the_kernel(tok, monkeypatch):
     model = tiny_model(tok, seed=9)
-    monkeypatch.setattr(engine_mod, "packed_linear_available", lambda: False)
+    monkeypatch.setattr(packed_mod, "packed_linear_available", lambda: False)
     with pytest.raises(ConfigError, match="packed GEMM"):
         GenerationEngine(model, stop_token_ids=[NEVER], packed_weights=True)
     eng = GenerationEngine(model, stop_token_ids=[NEVER])  # auto: off without the kernel
