@@ -115,17 +115,17 @@ class _PackedLinear(nn.Module):
         ):
             return F.linear(x, self.weight, self.bias)
         x_M_K = x.reshape(m, k)
-        if m == self.rows:
-            out_M_N = self._mm(x_M_K.contiguous())
-        else:
-            pieces = []
-            for i in range(0, m, self.rows):
-                n = min(self.rows, m - i)
-                if self._pad is None:  # rows past n hold earlier inputs: finite, their outputs dropped
+        pieces = []
+        for i in range(0, m, self.rows):
+            chunk = x_M_K[i : i + self.rows]
+            n = chunk.shape[0]
+            if n < self.rows:  # padded to the pack's rows; rows past n hold earlier inputs (finite, dropped)
+                if self._pad is None:
                     self._pad = torch.zeros(self.rows, k, dtype=x.dtype)
-                self._pad[:n].copy_(x_M_K[i : i + n])
-                pieces.append(self._mm(self._pad)[:n])
-            out_M_N = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+                self._pad[:n].copy_(chunk)
+                chunk = self._pad
+            pieces.append(self._mm(chunk.contiguous())[:n])
+        out_M_N = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
         return out_M_N.reshape(*x.shape[:-1], out_M_N.shape[-1])
 
     def _mm(self, x_R_K: torch.Tensor) -> torch.Tensor:
