@@ -20,6 +20,7 @@ import importlib.util
 import inspect
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, PolicyError
 from agentrl.run import ModelSpec, RunDir
 
 if TYPE_CHECKING:  # torch/transformers are heavy; import them only where used
@@ -64,6 +65,39 @@ def cache_kwarg(model: Any) -> str:
     """The keyword ``model.forward`` takes its KV cache by: ``cache`` in newer transformers (which warn
     that ``past_key_values`` is deprecated), ``past_key_values`` in older ones."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def keeps_logits_per_row(model: Any) -> bool:
+    """Whether ``model.forward`` reads a ``(B, K)`` integer ``logits_to_keep`` as K positions per row.
+
+    Newer transformers route ``logits_to_keep`` through ``slice_logits_to_keep`` (imported by each modeling
+    file that does); older ones (5.17, for one) index every row with the whole tensor, which gives logits
+    of the wrong shape. Checked on the model's own modeling module, so remote-code models answer too.
+    """
+    module = sys.modules.get(type(model).__module__)
+    return module is not None and hasattr(module, "slice_logits_to_keep")
+
+
+def keep_arg(last_B_1: torch.Tensor, q: int, per_row: bool) -> torch.Tensor | int:
+    """The ``logits_to_keep`` that keeps position ``last_B_1[b]`` of each row of a ``q``-token forward: the
+    tensor itself where the model reads it per row, else the last ``q - min(last)`` positions of every row,
+    enough to cover each row's own (:func:`pick_kept` picks it out)."""
+    return last_B_1 if per_row else q - int(last_B_1.min())
+
+
+def pick_kept(logits: torch.Tensor, last_B_1: torch.Tensor | None, per_row: bool) -> torch.Tensor:
+    """Each row's logits ``(B, V)`` at its position ``last_B_1[b]`` from a forward given
+    ``keep_arg(last_B_1, ...)``; the last position when ``last_B_1`` is None. A shape the model should not
+    have returned is an error, never a silent mix-up of rows."""
+    if logits.dim() != 3 or (last_B_1 is not None and logits.shape[0] != last_B_1.shape[0]):
+        raise PolicyError(
+            f"the model returned logits of shape {tuple(logits.shape)}; its forward does not take "
+            "logits_to_keep as transformers does"
+        )
+    if last_B_1 is None or per_row:
+        return logits[:, -1, :]
+    pick_B_1_V = (last_B_1 - int(last_B_1.min()))[..., None].expand(-1, -1, logits.shape[-1])
+    return logits.gather(1, pick_B_1_V)[:, 0, :]
 
 
 def output_cache(out: Any) -> Any:

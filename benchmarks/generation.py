@@ -224,6 +224,7 @@ def child_static(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, An
 
 def child_floor(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     import torch
+    from floor import sample_exactly
 
     model = _load(spec)
     rss_loaded = _rss()[0]
@@ -241,19 +242,7 @@ def child_floor(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
 
     def once(n: int) -> float:
         t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=attn,
-                do_sample=True,
-                temperature=1.0,
-                top_p=1.0,
-                top_k=0,
-                max_new_tokens=n,
-                min_new_tokens=n,
-                pad_token_id=0,
-            )
-        assert out.shape[1] == L + n
+        sample_exactly(model, ids, attn, n, 0)
         return time.perf_counter() - t0
 
     once(2)  # warm-up

@@ -206,6 +206,7 @@ def floor_seconds(tokens: int, batch: int, seed: int, model: Any, tok: Any) -> d
     import asyncio
 
     import torch
+    from floor import sample_exactly
 
     import agentrl
     from agentrl.chat import ChatRenderer
@@ -232,19 +233,7 @@ def floor_seconds(tokens: int, batch: int, seed: int, model: Any, tok: Any) -> d
     def gen(n: int) -> float:
         torch.manual_seed(seed)
         t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                do_sample=True,
-                temperature=1.0,
-                top_p=1.0,
-                top_k=0,
-                max_new_tokens=n,
-                min_new_tokens=n,
-                pad_token_id=pad,
-            )
-        assert out.shape[1] == width + n
+        sample_exactly(model, ids, mask, n, pad)
         return time.perf_counter() - t0
 
     gen(4)  # warm-up

@@ -137,6 +137,11 @@ class ToolEnv(Env):
         self.turn = 0
         self.done = True
 
+    @property
+    def needs_sandbox(self) -> bool:
+        """Whether a tool runs code in the episode's sandbox (the trainer starts a sandbox pool only then)."""
+        return self._needs_sandbox
+
     # -- what subclasses write ------------------------------------------------------------------------
     @abstractmethod
     def make_task(self, options: dict[str, Any]) -> Task:

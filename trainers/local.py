@@ -176,8 +176,9 @@ async def local_runtime(
         if connect is not None:
             await connect()
         await pg.publish_weights(policy, loaded.model, start)
-    pool = SandboxPool(LocalSandbox, size=cfg.rollout.concurrency, max_waiting=4 * cfg.rollout.concurrency)
-    async with pool, agent_runner(cfg, policy, renderer) as agent:
+    n = cfg.rollout.concurrency
+    pool = SandboxPool(LocalSandbox, size=n, max_waiting=4 * n) if pg.needs_sandbox(cfg) else None
+    async with pool or contextlib.nullcontext(), agent_runner(cfg, policy, renderer) as agent:
         yield LocalRuntime(
             cfg,
             run,

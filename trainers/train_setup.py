@@ -314,6 +314,19 @@ def _env_kwargs(cfg: TrainConfig, pool: Any) -> dict[str, Any]:
     return kwargs
 
 
+def needs_sandbox(cfg: TrainConfig) -> bool:
+    """Whether ``cfg.env``'s episodes run code in a sandbox. Only then does the trainer start a sandbox pool:
+    its startup self-test refuses machines where the sandbox cannot contain code, which must not stop an
+    env that never runs any (the calculator's tool runs in-process)."""
+    from agentrl.envs.tool_env import ToolEnv
+
+    cls = agentrl.registry.entry_point(cfg.env)
+    if not (isinstance(cls, type) and issubclass(cls, ToolEnv)):
+        return False
+    env = agentrl.make(cfg.env, **cfg.env_kwargs)
+    return bool(getattr(env, "needs_sandbox", True))
+
+
 def _env_factory(cfg: TrainConfig, pool: Any) -> Callable[[], agentrl.Env]:
     kwargs = _env_kwargs(cfg, pool)
     agentrl.make(cfg.env, **{k: v for k, v in kwargs.items() if k != "sandbox_pool"})  # fail early

@@ -9,7 +9,7 @@ calls :meth:`GenerationEngine.step`. One step
    only the rest (logits for the last position only); a request sharing a longer prefix with one admitted in
    the same step waits for that one's prefill and reuses it;
 2. decodes one token for every running row in one forward over rows of different lengths (per-row KV slots,
-   an explicit 4D mask; on CPU the linear layers run on pre-packed weights, :mod:`agentrl.policies.packed`);
+   an explicit 4D mask; on CPU linear layers use pre-packed weights, :mod:`~agentrl.policies.packed`);
 3. retires finished rows at once (stop token or ``max_new_tokens``): their KV goes into the prefix tree for
    the next turn, and the row is free at the next step.
 
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from agentrl.errors import ConfigError, PolicyError
-from agentrl.models import cache_kwarg
+from agentrl.models import cache_kwarg, keep_arg, keeps_logits_per_row, pick_kept
 from agentrl.policies.kvcache import KVSpec, PrefixMatch, PrefixTree, SlotCache, _common_prefix
 from agentrl.policies.packed import InferenceTwin, use_packed
 from agentrl.policies.sampling import nucleus
@@ -187,6 +187,7 @@ class GenerationEngine:
         self.release_when_idle = release_when_idle
         self.lock = lock if lock is not None else threading.RLock()
         self._cache_kw = cache_kwarg(model)
+        self._row_keep = keeps_logits_per_row(model)
         self._eager = getattr(model.config, "_attn_implementation", None) == "eager"
         self._rng = torch.Generator(device=self.device)
         if seed is not None:
@@ -537,14 +538,14 @@ class GenerationEngine:
             mask.masked_fill_(~keep_B_1_Q_K, torch.finfo(self.spec.dtype).min)
         kwargs: dict[str, Any] = {}
         if logits_to_keep is not None:
-            kwargs["logits_to_keep"] = logits_to_keep
+            kwargs["logits_to_keep"] = keep_arg(logits_to_keep, ids_B_Q.shape[1], self._row_keep)
         t0 = time.perf_counter()
         kwargs[self._cache_kw] = self._slots
         run = self._twin.module if self._twin is not None else self._model
-        out = run(input_ids=ids_B_Q, attention_mask=mask, position_ids=pos_B_Q, use_cache=True, **kwargs)
+        with self._slots.attention():
+            out = run(input_ids=ids_B_Q, attention_mask=mask, position_ids=pos_B_Q, use_cache=True, **kwargs)
         self._time["forward"] += time.perf_counter() - t0
-        last_B_V: torch.Tensor = out.logits[:, -1, :]
-        return last_B_V
+        return pick_kept(out.logits, logits_to_keep, self._row_keep)
 
     # -- sampling and retirement -------------------------------------------------------------------
     def _sample(self, rows: list[_Row], logits_B_V: torch.Tensor) -> None:

@@ -14,6 +14,7 @@ longest-prefix match. Least-recently-used leaves are evicted when the tree is ov
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -192,6 +193,20 @@ class SlotCache(Cache):
             self._touch(row, stop)
         self._start, self._stop, self.kv_len = start, start + B, kv_len
         self._index = positions_B_Q.view(B, 1, Q, 1).expand(B, s.kv_heads, Q, s.head_dim)
+
+    def attention(self) -> contextlib.AbstractContextManager[Any]:
+        """The SDPA backends a forward over this cache may use: on CUDA every one but cuDNN's.
+
+        The engine hands attention an explicit mask whose key length grows by one each step; cuDNN's
+        attention then plans anew on every call (measured on an H100, torch 2.11: 1.6 ms of CPU per layer
+        call, against 0.05 ms for ``generate``'s maskless calls), which made a 64-row decode step 1.4x slower
+        than ``generate``. The memory-efficient kernel takes the mask as it is.
+        """
+        if self.spec.device.type != "cuda":
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
     def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.buf is not None and self._index is not None

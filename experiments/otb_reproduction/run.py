@@ -96,6 +96,11 @@ VAR_NAMES = (
 PLOT_NAMES = ("none", "grpo", "rloo", "opo", "otb", "otb_exact", "eob", "otb_loo")
 
 
+def _load(path: Path) -> dict[str, Any]:
+    """A committed summary, or {} where there is none yet."""
+    return dict(json.loads(path.read_text())) if path.exists() else {}
+
+
 def _save(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=1, default=float) + "\n")
@@ -198,14 +203,22 @@ def smollm2_full_sample(paths: list[Path]) -> dict:
 
 
 def cmd_report(work: Path, out: Path, figs: Path, quick: bool) -> str:
-    """Write the summary JSON files and figures; return the quick line."""
+    """Write the summary JSON files and figures; return the quick line.
+
+    A summary (and its figure) whose raw inputs are not in ``work`` keeps its committed version in ``out``
+    rather than disappearing: a new machine that reruns one part rebuilds that part only.
+    """
     rl_root = work / "rl"
+    before_rl = _load(out / "rl.json")
     rl_sum = {}
     names = {"main": S.MAIN, "stress": S.STRESS}
     for key, setting in names.items():
         st = S.quick(setting) if quick else setting
         runs = rl_report.load_runs(rl_root, st.name, budget_fn(st, quick))
         if not runs:
+            if key in before_rl:
+                rl_sum[key] = before_rl[key]
+                print(f"kept the committed rl.json[{key!r}] (no raw runs of it in {work})", file=sys.stderr)
             continue
         targets = S.TARGETS
         rl_sum[key] = {"setting": st.__dict__, "configs": rl_report.summarize_setting(runs, targets)}
@@ -214,9 +227,12 @@ def cmd_report(work: Path, out: Path, figs: Path, quick: bool) -> str:
     if transfer.exists():
         rl_sum["smollm2_transfer"] = train_smollm2.summarize(transfer)
     _save(out / "rl.json", rl_sum)
-    var_sum = {}
-    for p in sorted((work / "variance").glob("*.json")):
-        var_sum[p.stem] = json.loads(p.read_text())
+    var_sum = _load(out / "variance.json")
+    rebuilt = {p.stem: json.loads(p.read_text()) for p in sorted((work / "variance").glob("*.json"))}
+    kept = sorted(set(var_sum) - set(rebuilt))
+    if kept:
+        print(f"kept the committed variance.json entries {kept} (not in {work})", file=sys.stderr)
+    var_sum.update(rebuilt)
     _save(out / "variance.json", var_sum)
     main_sets = {k: v for k, v in var_sum.items() if k in ("tiny-k4-full", "tiny-k4-tail", "smollm2-tail")}
     if main_sets:
@@ -226,8 +242,10 @@ def cmd_report(work: Path, out: Path, figs: Path, quick: bool) -> str:
         f = work / "variance" / f"{name}-proxy-points.npy"
         if f.exists():
             pts[name] = np.load(f)
-    if pts:
+    if len(pts) == 2 or (pts and quick):
         var_report.plot_proxy(pts, figs / "proxy-vs-true.png", {k: var_sum[k]["proxy"] for k in pts})
+    elif pts:
+        print(f"kept proxy-vs-true.png: only {sorted(pts)}'s points are in {work}", file=sys.stderr)
     v = (
         var_sum.get("tiny-k4-full", {})
         .get("table", {})

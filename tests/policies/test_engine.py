@@ -298,3 +298,28 @@ def test_prefix_tree_splits_matches_and_evicts_lru_leaves():
     assert tree.evictions == 1
     tree.clear()
     assert len(tree) == 0 and tree.nbytes == 0
+
+
+def test_older_transformers_logits_to_keep_gives_the_same_tokens(tok, monkeypatch):
+    """Where the model's forward keeps only the last K positions of every row (transformers 5.17 and older
+    take no per-row positions), a prefill bucket of uneven suffixes keeps enough positions and picks each
+    row's own: the same tokens and log-probs as the per-row path."""
+    import agentrl.policies.engine as engine_mod
+
+    model = tiny_model(tok, seed=5)
+    # No shared prefixes, so the five prompts are one prefill bucket with uneven suffixes.
+    prompts = [list(range(1000 * i, 1000 * i + n)) for i, n in enumerate((40, 31, 27, 40, 35), start=1)]
+    samplings = [Sampling(max_new_tokens=6, seed=i) for i in range(len(prompts))]
+    per_row = _engine(model, max_batch_size=8)
+    if not per_row._row_keep:
+        pytest.skip(
+            "this transformers takes no per-row logits_to_keep: both engines would take the same path"
+        )
+    want = per_row.generate_sync(prompts, samplings)
+    monkeypatch.setattr(engine_mod, "keeps_logits_per_row", lambda m: False)
+    last_k = _engine(model, max_batch_size=8)
+    got = last_k.generate_sync(prompts, samplings)
+    assert [g.token_ids for g in got] == [g.token_ids for g in want]
+    for g, w in zip(got, want, strict=True):
+        assert max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs, strict=True)) < 1e-4
+    assert last_k.stats().prefill_forwards == per_row.stats().prefill_forwards == 1

@@ -260,7 +260,8 @@ class RolloutWorker:
             from agentrl.trainers import train_setup as pg
 
             conc = self.cfg.rollout.concurrency
-            self._pool = await SandboxPool(LocalSandbox, size=conc, max_waiting=4 * conc).__aenter__()
+            if pg.needs_sandbox(self.cfg):  # as in the local runtime: none for envs that run no code
+                self._pool = await SandboxPool(LocalSandbox, size=conc, max_waiting=4 * conc).__aenter__()
             self._make_env = pg._env_factory(self.cfg, self._pool)
         return self._make_env
 
