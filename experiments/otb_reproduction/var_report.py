@@ -46,12 +46,14 @@ def plot_ratios(summaries: dict[str, dict[str, Any]], path: Path, names: Sequenc
             ]
         ):
             ax = axes[r][c]
+            lowest = 1.0
             for e in names:
                 if e not in s["estimators"]:
                     continue
                 v = np.array([s["table"][str(N)][e][metric] for N in Ns], dtype=float)
                 if not np.isfinite(v[:, 0]).any():
                     continue
+                lowest = min(lowest, float(np.nanmin(v[:, 0])))
                 col, label = STYLE.get(e, ("k", e))
                 ax.errorbar(
                     Ns,
@@ -66,8 +68,11 @@ def plot_ratios(summaries: dict[str, dict[str, Any]], path: Path, names: Sequenc
                 )
             ax.axhline(1, color="gray", lw=0.8, ls=":")  # also gives an empty panel a valid range
             ax.set_yscale("log", base=2)
-            ax.set_ylim(1 / 8, 8)
-            ax.set_yticks([1 / 8, 1 / 4, 1 / 2, 1, 2, 4, 8], ["1/8", "1/4", "1/2", "1", "2", "4", "8"])
+            # Down to 1/8, or further when a point estimate lies below (SmolLM2's OTB trace: ~1/12).
+            k = int(min(6, max(3, np.ceil(-np.log2(max(lowest, 2.0**-6))))))
+            ticks = [2.0**i for i in range(-k, 4)]
+            ax.set_ylim(ticks[0], 8)
+            ax.set_yticks(ticks, [f"1/{int(1 / t)}" if t < 1 else str(int(t)) for t in ticks])
             ax.set_xscale("log", base=2)
             ax.set_xticks(Ns, [str(n) for n in Ns])
             ax.set_xlabel("group size N")
