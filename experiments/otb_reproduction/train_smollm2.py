@@ -1,11 +1,11 @@
 """The transfer check: OTB against GRPO on the real default (SmolLM2-135M, math-tir-arith-v0), a few seeds.
 
-Each run is ``agentrl train`` with every default except ``--estimator`` and ``--seed`` (8 steps of 4 × 4
-episodes), then ``agentrl eval`` of its last checkpoint on 32 held-out tasks × 4 samples. A default run
-takes ~13 minutes and up to 16 GiB, so every piece runs under the heavy lock in chunks of at most
-``--chunk`` seconds: training is stopped with SIGTERM at the end of a chunk (the trainer checkpoints and
-exits) and resumed with ``--resume`` in the next one; the lock is released between chunks. Re-running the
-script skips what is done (one ``eval.json`` per run under ``--out``)::
+Each run is ``agentrl train`` with every default except ``--estimator`` and ``--seed`` (the shipped
+defaults: 5 steps of 4 × 4 episodes), then ``agentrl eval`` of its last checkpoint on 32 held-out tasks × 4
+samples. A default run takes ~10 minutes and ~4 GiB; every piece runs under the heavy lock in chunks of
+at most ``--chunk`` seconds: training is stopped with SIGTERM at the end of a chunk (the trainer
+checkpoints and exits) and resumed with ``--resume`` in the next one; the lock is released between chunks.
+Re-running the script skips what is done (one ``eval.json`` per run under ``--out``)::
 
     .venv/bin/python experiments/otb_reproduction/train_smollm2.py --seeds 0 1 2 --estimators otb grpo
 """
