@@ -179,7 +179,9 @@ def test_a_driver_killed_mid_async_run_resumes_within_the_bound(cluster, tmp_pat
     drive = Path(__file__).parent / "drive.py"
     cmd = [sys.executable, str(drive), cluster.address, str(run), "4", "--max-staleness", "1"]
     env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    log = tmp_path / "driver.log"  # a file, not a pipe: nobody reads while it runs, and a full pipe blocks
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env)
     traj = run / "trajectories.jsonl"
 
     def lines_of(step):
@@ -193,7 +195,7 @@ def test_a_driver_killed_mid_async_run_resumes_within_the_bound(cluster, tmp_pat
         and not ((run / "checkpoints" / "step-000002").exists() and len(lines_of(2)) >= 2)
     ):
         time.sleep(0.05)
-    assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+    assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     before = traj.read_text().splitlines()

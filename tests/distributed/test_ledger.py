@@ -137,7 +137,8 @@ def test_a_resume_from_an_older_checkpoint_rewinds_trained_steps(tmp_path):
     e = again.lease("w")
     assert e is not None and e.group_id == "s2-t2-a1"
     again.close()
-    assert GroupLedger(tmp_path / "ledger.jsonl").entries[(1, 1)].state is GroupState.DONE
+    with GroupLedger(tmp_path / "ledger.jsonl") as reread:
+        assert reread.entries[(1, 1)].state is GroupState.DONE
 
 
 def test_concurrent_rollouts_lease_only_their_own_groups_and_abandon_stragglers(tmp_path):

@@ -181,7 +181,8 @@ async def test_a_rollout_worker_killed_mid_step(cluster, tmp_path):
         assert retried and all(t.meta.extra["worker"] != "worker-0" for g in retried for t in g)
         metrics = await finish_step(rt, groups, 1)
         assert metrics["ray/workers_replaced"] == 1 and metrics["ray/groups_dropped"] == 0
-    c = GroupLedger(run.path / "ledger.jsonl").check(0, settled=True)
+    with GroupLedger(run.path / "ledger.jsonl") as ledger:
+        c = ledger.check(0, settled=True)
     assert c["issued"] == c["trained"] == 6
 
 
@@ -231,7 +232,9 @@ def test_a_driver_killed_with_sigkill_resumes_from_the_ledger(cluster, tmp_path)
     run = tmp_path / "killed"
     cmd = [sys.executable, str(HERE / "drive.py"), cluster.address, str(run), "3"]
     env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    log = tmp_path / "driver.log"  # a file, not a pipe: nobody reads while it runs, and a full pipe blocks
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env)
     traj = run / "trajectories.jsonl"
 
     def step1_lines():
@@ -240,12 +243,13 @@ def test_a_driver_killed_with_sigkill_resumes_from_the_ledger(cluster, tmp_path)
     deadline = time.monotonic() + 400
     while len(step1_lines()) < 2 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+    assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     before = traj.read_text().splitlines()
     assert [r["step"] for r in read_metrics(run)] == [0]
-    done_before = GroupLedger(run / "ledger.jsonl").counts(1)["done"]
+    with GroupLedger(run / "ledger.jsonl") as ledger:
+        done_before = ledger.counts(1)["done"]
 
     out = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
@@ -261,10 +265,10 @@ def test_a_driver_killed_with_sigkill_resumes_from_the_ledger(cluster, tmp_path)
             complete[rec["group_id"]] += 1
     reused = sum(n for n in complete.values() if n == 2)
     assert rows[1]["episodes/reused"] == reused and reused >= 2 and done_before >= reused // 2
-    ledger = GroupLedger(run / "ledger.jsonl")
-    for step in range(3):
-        c = ledger.check(step, settled=True)
-        assert c["trained"] == 4 and c["dropped"] == 0, c
+    with GroupLedger(run / "ledger.jsonl") as ledger:
+        for step in range(3):
+            c = ledger.check(step, settled=True)
+            assert c["trained"] == 4 and c["dropped"] == 0, c
     trained = [t for t in read_trajectories(run) if t.meta.step == 1]
     ids = [t.meta.episode_id for t in trained]
     assert len(ids) == len(set(ids))

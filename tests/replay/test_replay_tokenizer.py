@@ -25,17 +25,10 @@ def _collect(renderer: Any, path: Path, store: JsonlStore | None = None) -> None
     end = renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")
     policy = ScriptedPolicy([[*renderer.encode("Answer: 7"), end]], stop_ids=renderer.stop_token_ids)
     cfg = RolloutConfig(max_turns=2, max_new_tokens=32)
-    asyncio.run(
-        collect(
-            "exact-answer-v0",
-            policy,
-            renderer,
-            n_groups=2,
-            group_size=2,
-            store=store or JsonlStore(path),
-            config=cfg,
+    with store or JsonlStore(path) as sink:
+        asyncio.run(
+            collect("exact-answer-v0", policy, renderer, n_groups=2, group_size=2, store=sink, config=cfg)
         )
-    )
 
 
 def _edit_lines(src: Path, dst: Path, fn: Any) -> Path:
@@ -80,7 +73,8 @@ def test_collect_records_the_tokenizer_and_replay_check_audits_fully(
     # Re-running the script into the same file is refused instead of doubling the records.
     with pytest.raises(StoreError, match=r"rollouts.jsonl already holds.*mode=\"append\""):
         _collect(renderer, path)
-    _collect(renderer, path, JsonlStore(path, mode="append"))
+    with JsonlStore(path, mode="append") as store:
+        _collect(renderer, path, store)
     assert len(path.read_text().splitlines()) == 8
 
 

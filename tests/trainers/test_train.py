@@ -188,7 +188,8 @@ def test_kill_9_mid_step_then_resume_loses_nothing(tmp_path):
         "--out",
         str(run),
     ]
-    proc = subprocess.Popen([*AGENTRL, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with (tmp_path / "killed.log").open("wb") as sink:  # a file: an undrained pipe could block the trainer
+        proc = subprocess.Popen([*AGENTRL, *args], stdout=sink, stderr=subprocess.STDOUT)
     traj_file = run / "trajectories.jsonl"
     # Kill once step 1 has finished at least one episode but before its update.
     assert _wait_for(lambda: any('"step":1' in line for line in _lines(traj_file))), "step 1 never started"

@@ -174,6 +174,12 @@ class GroupLedger:
             self._log.close()
             self._log = None
 
+    def __enter__(self) -> GroupLedger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # --- transitions ------------------------------------------------------------------------------
     def issue(self, step: int, seeds: Iterable[int]) -> list[GroupKey]:
         """Make a group of ``step`` for each seed pending (again), and return their keys.
