@@ -250,6 +250,8 @@ class Browser:
                 os.close(fd)
             except OSError:
                 pass
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
 
     def __enter__(self) -> Browser:
         return self
