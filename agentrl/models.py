@@ -96,7 +96,7 @@ def pick_kept(logits: torch.Tensor, last_B_1: torch.Tensor | None, per_row: bool
         )
     if last_B_1 is None or per_row:
         return logits[:, -1, :]
-    pick_B_1_V = (last_B_1 - int(last_B_1.min()))[..., None].expand(-1, -1, logits.shape[-1])
+    pick_B_1_V = (last_B_1 - last_B_1.min())[..., None].expand(-1, -1, logits.shape[-1])
     return logits.gather(1, pick_B_1_V)[:, 0, :]
 
 

@@ -37,9 +37,9 @@ NEVER = 49151  # the stop id given to the engine; a random model practically nev
 def load(dtype: torch.dtype) -> tuple[Any, str]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from agentrl.models import cache_root
+    from agentrl.models import smollm2_dir
 
-    folder = cache_root() / "smollm2-135m-instruct"
+    folder = smollm2_dir()  # a folder holding only the config and tokenizer also works (random weights)
     if (folder / "model.safetensors").is_file():
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
         source = "SmolLM2-135M-Instruct weights"
