@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -95,7 +96,7 @@ async def train_async(
     """Train steps ``s.first_step`` .. ``cfg.steps − 1`` with generation overlapping learning; call
     ``after_step(k)`` after each (checkpointing). Returns the next step to train: ``cfg.steps``, or the
     step during which a stop was requested. ``run_group`` runs one group (default: in this process)."""
-    from agentrl.trainers.step_metrics import episode_metrics, format_row
+    from agentrl.trainers.step_metrics import episode_metrics, format_row, stalled_update_warning
     from agentrl.trainers.train_setup import task_seeds
 
     cfg, runtime = s.cfg, s.runtime
@@ -191,6 +192,9 @@ async def train_async(
             s.metrics.log(k, row)
             extra = f" staleness={max(plan.staleness, default=0)} idle={row['async/learner_idle_frac']:.2f}"
             print(format_row(k, row) + extra)
+            stalled = stalled_update_warning(row)
+            if stalled is not None:
+                print(f"step {k}: {stalled}", file=sys.stderr)
             await after_step(k)
             k += 1
         return k

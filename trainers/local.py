@@ -6,8 +6,9 @@ import asyncio
 import contextlib
 import copy
 import ctypes
+import sys
 from collections.abc import AsyncIterator, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from agentrl.chat import ChatRenderer
 from agentrl.checkpoint import CheckpointState, load_checkpoint, save_checkpoint
@@ -154,8 +155,14 @@ async def local_runtime(
     from agentrl.trainers.gateway.agent_rollout import agent_runner
 
     loaded = resolve_model(pg.model_spec(cfg))
+    prec = pg.precision(cfg, loaded.device)
+    warning = prec.warning()
+    if warning is not None:
+        print(warning, file=sys.stderr)
+    if prec.autocast or prec.pure_low_precision:
+        print(f"precision: {prec.describe()}")
     renderer = ChatRenderer(loaded.tokenizer)
-    learner = Learner(loaded.model, cfg.learner)
+    learner = Learner(loaded.model, pg.learner_config(cfg, prec))
     start = 0
     ckpt = run.latest_checkpoint()
     if ckpt is not None:
@@ -166,9 +173,12 @@ async def local_runtime(
         if policy.version < start:  # a resumed run: the sampler starts from the checkpoint's weights
             await pg.publish_weights(policy, loaded.model, start)
     else:
-        # Asynchronous (--max-staleness ≥ 1): the learner trains in a thread while episodes sample, so the
-        # sampler needs weights of its own (published between turns); otherwise it shares the learner's.
-        sampler_model = copy.deepcopy(loaded.model) if cfg.max_staleness > 0 else loaded.model
+        # The sampler needs weights of its own when it samples in another dtype than the master weights
+        # (bf16 on CUDA), and asynchronously (--max-staleness ≥ 1: the learner trains in a thread while
+        # episodes sample; new weights are published between turns); otherwise it shares the learner's.
+        sampler_model = loaded.model
+        if cfg.max_staleness > 0 or not prec.shares_weights:
+            sampler_model = cast(Any, copy.deepcopy(loaded.model)).to(prec.sampler)
         policy = pg.make_policy(cfg, sampler_model, loaded.tokenizer, renderer, loaded.device, version=start)
     if sampler is None and not isinstance(policy, HFPolicy):
         # A sampler with its own copy of the weights starts from the learner's (a resumed run's too).

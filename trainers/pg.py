@@ -36,7 +36,13 @@ from agentrl.metrics import MetricsLogger
 from agentrl.run import RunDir
 from agentrl.trainers.evaluate import EvalReport, write_comparison
 from agentrl.trainers.runtime import TrainRuntime
-from agentrl.trainers.step_metrics import Progress, episode_metrics, format_row, token_limit_warning
+from agentrl.trainers.step_metrics import (
+    Progress,
+    episode_metrics,
+    format_row,
+    stalled_update_warning,
+    token_limit_warning,
+)
 from agentrl.trainers.train_setup import (
     RESUMABLE,
     TrainConfig,
@@ -226,9 +232,12 @@ async def _train_step(s: _Session, step: int) -> bool:
     row["time/step_s"] = time.perf_counter() - t_step
     s.metrics.log(step, row)
     print(format_row(step, row))
-    warning = token_limit_warning([t for g in groups for t in g], cfg.rollout)
-    if warning is not None:
-        print(f"step {step}: {warning}", file=sys.stderr)
+    for warning in (
+        token_limit_warning([t for g in groups for t in g], cfg.rollout),
+        stalled_update_warning(row),
+    ):
+        if warning is not None:
+            print(f"step {step}: {warning}", file=sys.stderr)
     return True
 
 

@@ -8,7 +8,18 @@ from typing import Any
 from agentrl.episode import RolloutConfig
 from agentrl.types import StopReason, ToolStatus, Trajectory
 
-__all__ = ["TOKEN_LIMIT_STOPS", "Progress", "episode_metrics", "format_row", "token_limit_warning"]
+__all__ = [
+    "TOKEN_LIMIT_STOPS",
+    "UNCHANGED_WARN_FRAC",
+    "Progress",
+    "episode_metrics",
+    "format_row",
+    "stalled_update_warning",
+    "token_limit_warning",
+]
+
+UNCHANGED_WARN_FRAC = 0.5
+"""A step that leaves more than this fraction of the master weights exactly unchanged is warned about."""
 
 
 TOKEN_LIMIT_STOPS = frozenset({StopReason.TURN_TOKENS, StopReason.MAX_TOKENS})
@@ -33,6 +44,21 @@ def token_limit_warning(trajs: Sequence[Trajectory], rollout: RolloutConfig) -> 
         f"max_new_tokens={rollout.max_new_tokens}, {total} at max_total_tokens={rollout.max_total_tokens}); "
         f"their final answers are cut off and score as failures. Raise {flag} (now {value}) if the env needs "
         "longer answers"
+    )
+
+
+def stalled_update_warning(row: dict[str, float]) -> str | None:
+    """A warning when the step's optimizer update left most of the weights exactly as they were
+    (``learn/unchanged_frac``): the update rounded away, as it does with low-precision master weights and a
+    small learning rate. ``None`` otherwise (also when the step was skipped or not measured)."""
+    frac = row.get("learn/unchanged_frac", float("nan"))
+    if not frac > UNCHANGED_WARN_FRAC:  # NaN (skipped, unmeasured) compares False
+        return None
+    return (
+        f"warning: the update left {100 * frac:.1f} % of the master weights unchanged "
+        f"(relative update {row.get('learn/update_rel_norm', float('nan')):.2e}): it rounds away in their "
+        "precision, so the run barely learns. Keep float32 master weights (--master-dtype float32, the "
+        "default) or raise the learning rate"
     )
 
 

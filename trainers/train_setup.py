@@ -30,6 +30,7 @@ from agentrl.learner.correction import Correction
 from agentrl.metrics import MetricsLogger
 from agentrl.models import model_folder
 from agentrl.policies import HFPolicy
+from agentrl.precision import Precision, resolve_precision
 from agentrl.protocols import UpdatablePolicy, WeightSink, WeightUpdate
 from agentrl.rollout import RolloutConfig
 from agentrl.run import ModelSpec, RunDir
@@ -40,11 +41,14 @@ from agentrl.trainers.runtime import TrainRuntime
 __all__ = [
     "RESUMABLE",
     "TrainConfig",
+    "learner_config",
     "make_policy",
     "model_spec",
+    "precision",
     "prepare_run",
     "publish_weights",
     "rollout_config",
+    "sampler_spec",
     "task_seeds",
     "tokenizer_pad_id",
 ]
@@ -86,7 +90,13 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the model runs; auto picks CUDA when present."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Weights dtype: auto is float32 on CPU and bfloat16 on CUDA."""
+    """Compute and sampling dtype: auto is float32 on CPU and bfloat16 on CUDA. The learner keeps float32
+    master weights whatever this says (see --master-dtype): forward and backward run under bf16 autocast,
+    and the sampler gets a bf16 copy after each step. See agentrl/precision.py."""
+    master_dtype: Literal["float32", "bfloat16"] = "float32"
+    """The learner's weights and optimizer updates. bfloat16 (pure bf16, with --dtype bfloat16) halves the
+    weights' memory but rounds away updates much smaller than a weight's resolution (at lr 3e-6 most of
+    them): it warns at start; learn/unchanged_frac shows how much of each step was lost."""
     policy: Literal["auto", "hf", "vllm", "vllm-server"] = "auto"
     """Sampler: hf (transformers, shares the learner's weights), vllm (in-process engine on the GPU) or
     vllm-server (a running `vllm serve` at --vllm-url, see docs/vllm.md); vLLM gets the learner's weights
@@ -216,6 +226,10 @@ class TrainConfig:
                 raise ConfigError("--max-staleness > 0 does not run --agent (gateway) episodes yet; use 0")
         elif self.on_stale != "wait":
             raise ConfigError("--on-stale drop needs --max-staleness >= 1")
+        if self.master_dtype not in ("float32", "bfloat16"):
+            raise ConfigError(f"--master-dtype must be float32 or bfloat16, got {self.master_dtype!r}")
+        if self.master_dtype == "bfloat16" and self.dtype == "float32":
+            raise ConfigError("--master-dtype bfloat16 needs --dtype bfloat16 (pure bf16) or auto on CUDA")
         if self.resume is not None and self.out is not None and Path(self.out) != Path(self.resume):
             raise ConfigError("--resume continues a run in place; do not also pass a different --out")
 
@@ -238,9 +252,28 @@ def rollout_config(cfg: TrainConfig, step: int) -> RolloutConfig:
 
 
 def model_spec(cfg: TrainConfig) -> ModelSpec:
-    """Which weights the run starts from, where and in what precision (:func:`agentrl.models.resolve_model`
-    loads them; replay rebuilds a run's initial weights from the same spec)."""
+    """The learner's weights: which the run starts from, where, in the master dtype
+    (:func:`agentrl.models.resolve_model` loads them; replay rebuilds a run's initial weights from the same
+    spec)."""
+    return ModelSpec(cfg.model, seed=cfg.seed, device=cfg.device, dtype=cfg.master_dtype)
+
+
+def sampler_spec(cfg: TrainConfig) -> ModelSpec:
+    """A sampler's own copy of the weights (an inference server, the gateway's policy): the compute dtype."""
     return ModelSpec(cfg.model, seed=cfg.seed, device=cfg.device, dtype=cfg.dtype)
+
+
+def precision(cfg: TrainConfig, device: torch.device) -> Precision:
+    """The run's master, compute and sampler dtypes on ``device`` (:mod:`agentrl.precision`)."""
+    return resolve_precision(cfg.dtype, cfg.master_dtype, device)
+
+
+def learner_config(cfg: TrainConfig, prec: Precision, *, fsdp: bool = False) -> LearnerConfig:
+    """``--learner`` as the learner runs it: under bf16 autocast when the master weights are more precise than
+    the compute dtype (FSDP2 casts by its own mixed-precision policy instead, ``fsdp=True``)."""
+    if prec.autocast and not fsdp and not cfg.learner.bf16_autocast:
+        return dataclasses.replace(cfg.learner, bf16_autocast=True)
+    return cfg.learner
 
 
 def make_policy(
@@ -300,7 +333,8 @@ def make_policy(
 
 async def publish_weights(sink: WeightSink, model: Any, version: int) -> None:
     """Hand the learner's weights after an update to the sampler, as ``version``: an HF policy that shares
-    the learner's model object only takes the version, vLLM copies them in memory."""
+    the learner's model object only takes the version; one with its own copy (another dtype, or an
+    asynchronous run) copies them in, casting to its dtype; vLLM copies them in memory."""
     await sink.load_weights(WeightUpdate(version, model.state_dict()))
 
 

@@ -62,6 +62,10 @@ class LearnerConfig:
     forward); off again after each micro-batch, so a sampler sharing the model generates with its KV cache."""
     skip_nonfinite_grad: bool = True
     """Skip the optimizer step (and report ``skipped``) when the gradient norm is NaN or inf."""
+    measure_update: bool = True
+    """Measure what each step did to the weights (``update_rel_norm``, ``unchanged_frac``): the step is taken
+    in slices of parameters, each compared before and after (one slice of extra memory). This is what shows
+    an update rounding away in low-precision master weights."""
 
     def __post_init__(self) -> None:
         if self.policy_loss not in ("ppo", "reinforce"):
@@ -119,6 +123,13 @@ class LearnerStats:
     """True when the update was skipped because the gradient was not finite."""
     recomputed_micro_batches: int = 0
     """Micro-batches over ``micro_batch_tokens`` (one long row) run with activation checkpointing."""
+    update_rel_norm: float = math.nan
+    """‖Δθ‖ / ‖θ‖ of the optimizer step over the weights the optimizer holds (the master weights); NaN when
+    the step was skipped or not measured."""
+    unchanged_frac: float = math.nan
+    """Of the weights' elements with a nonzero gradient, the fraction the step left exactly unchanged (near 1
+    means the update rounded away, e.g. a small learning rate on bfloat16 master weights); NaN when no element
+    had a gradient (all advantages zero), or the step was skipped or not measured."""
 
     def to_dict(self, prefix: str = "actor/") -> dict[str, float]:
         """Flat metrics for a logger."""

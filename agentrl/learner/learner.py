@@ -23,8 +23,22 @@ from agentrl.learner.config import LearnerConfig, LearnerStats
 from agentrl.learner.distributed import all_reduce_floats, world_size
 from agentrl.learner.forward import ForwardOutput, forward_logprobs
 from agentrl.learner.losses import kl_k3, policy_loss
+from agentrl.learner.optim_step import UpdateStats, measured_step
 
 __all__ = ["Learner", "plan_micro_batches"]
+
+# Optimizers that update each element from its own gradient and state alone, so a step may be taken in slices
+# of parameters (agentrl.learner.optim_step).
+_ELEMENTWISE = (
+    torch.optim.SGD,
+    torch.optim.Adam,
+    torch.optim.AdamW,
+    torch.optim.Adagrad,
+    torch.optim.Adamax,
+    torch.optim.RMSprop,
+    torch.optim.NAdam,
+    torch.optim.RAdam,
+)
 
 
 def plan_micro_batches(lengths: Sequence[int], budget: int | None) -> list[list[int]]:
@@ -282,11 +296,10 @@ class Learner:
 
         grad_norm = self._clip_grad()
         skipped = cfg.skip_nonfinite_grad and not math.isfinite(grad_norm)
-        if skipped:
-            self.optimizer.zero_grad(set_to_none=True)
-        else:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        upd = UpdateStats(math.nan, math.nan)
+        if not skipped:
+            upd = self._optimizer_step()
+        self.optimizer.zero_grad(set_to_none=True)
         tot = all_reduce_floats(
             [sums["loss"], sums["pg"], sums["kl"], sums["ent"], sums["clip"], sums["akl"]],
             red_sum,
@@ -307,7 +320,18 @@ class Learner:
             micro_batches=len(plans),
             skipped=skipped,
             recomputed_micro_batches=recomputed,
+            update_rel_norm=upd.rel_norm,
+            unchanged_frac=upd.unchanged_frac,
         )
+
+    def _optimizer_step(self) -> UpdateStats:
+        """The optimizer's step, measured (:func:`measured_step`): sliced for the element-wise optimizers
+        of ``torch.optim``, whole (with one full copy of the weights) for any other."""
+        if not self.config.measure_update:
+            self.optimizer.step()
+            return UpdateStats(math.nan, math.nan)
+        elementwise = isinstance(self.optimizer, _ELEMENTWISE)
+        return measured_step(self.optimizer, slice_elems=(1 << 25) if elementwise else None)
 
     def _micro_loss(
         self,

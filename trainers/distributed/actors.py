@@ -54,7 +54,7 @@ def hf_policy_factory(cfg: Any, version: int) -> UpdatablePolicy:
     from agentrl.models import resolve_model
     from agentrl.trainers import train_setup as pg
 
-    loaded = resolve_model(pg.model_spec(cfg))
+    loaded = resolve_model(pg.sampler_spec(cfg))  # the sampler's dtype (bf16 on CUDA), not the master's
     renderer = ChatRenderer(loaded.tokenizer)
     return pg.make_policy(cfg, loaded.model, loaded.tokenizer, renderer, loaded.device, version=version)
 

@@ -43,6 +43,7 @@ class LearnerActor:
     def __init__(self, rank: int, world: int, cfg: Any):
         self.rank, self.world, self.cfg = rank, world, cfg
         self.model: Any = None
+        self.precision: Any = None
         self.learner: Any = None
         self.tokenizer: Any = None
         self.pad_id = 0
@@ -65,6 +66,7 @@ class LearnerActor:
 
         torch.manual_seed(self.cfg.seed)
         loaded = resolve_model(pg.model_spec(self.cfg))
+        self.precision = pg.precision(self.cfg, loaded.device)
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.pad_id = pg.tokenizer_pad_id(ChatRenderer(loaded.tokenizer))
         if self.world > 1:
@@ -74,8 +76,9 @@ class LearnerActor:
             os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
             backend = "nccl" if loaded.device.type == "cuda" else "gloo"
             dist.init_process_group(backend, rank=self.rank, world_size=self.world)
-            self.model = wrap_fsdp(self.model)
-        self.learner = Learner(self.model, self.cfg.learner)
+            # FSDP2's mixed-precision policy: bf16 compute over fp32 master shards, fp32 gradient reduction.
+            self.model = wrap_fsdp(self.model, bf16=self.precision.autocast)
+        self.learner = Learner(self.model, pg.learner_config(self.cfg, self.precision, fsdp=self.world > 1))
 
     def load_checkpoint(self, run_path: str) -> int:
         """Load the run's newest checkpoint (weights and optimizer); return its step (0 when none)."""
@@ -124,8 +127,12 @@ class LearnerActor:
 
     def publish(self, version: int, transport: WeightTransport) -> WeightRef | None:
         """Publish the current weights as ``version`` (rank 0 returns the ref; other ranks None)."""
+        from agentrl.precision import served_copy
+
         state = self._full_state()
-        return transport.put(version, state) if self.rank == 0 else None
+        # The servers sample in the compute dtype: ship that copy (half the bytes of fp32 master weights for
+        # bf16), so the checksum the servers report of their own weights is the one published.
+        return transport.put(version, served_copy(state, self.precision.sampler)) if self.rank == 0 else None
 
     def save_checkpoint(self, run_path: str, step: int, keep: int) -> None:
         """Write ``checkpoints/step-<step>`` (rank 0 writes; every rank joins the gathers)."""

@@ -82,7 +82,7 @@ async def serve(
     from agentrl import JsonlStore
     from agentrl.chat import ChatRenderer
     from agentrl.models import resolve_model
-    from agentrl.trainers.train_setup import TrainConfig, make_policy, model_spec
+    from agentrl.trainers.train_setup import TrainConfig, make_policy, sampler_spec
 
     from .server import Gateway
 
@@ -91,7 +91,7 @@ async def serve(
     if saved.exists() and "host" not in json.loads(saved.read_text()):
         raise ConfigError(f"{out} holds a training run; give the gateway its own --out folder")
     train_like = TrainConfig(model=cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
-    loaded = resolve_model(model_spec(train_like))
+    loaded = resolve_model(sampler_spec(train_like))
     model, tokenizer, device = loaded.model, loaded.tokenizer, loaded.device
     renderer = ChatRenderer(tokenizer)
     policy = make_policy(train_like, model, tokenizer, renderer, device, version=0)

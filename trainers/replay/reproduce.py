@@ -15,7 +15,7 @@ from agentrl.learner import Learner
 from agentrl.learner.correction import Correction
 from agentrl.replay import Run
 from agentrl.trainers.replay.weights import exact_weights, load_tokenizer_for, load_weights, train_config
-from agentrl.trainers.train_setup import tokenizer_pad_id
+from agentrl.trainers.train_setup import TrainConfig, learner_config, precision, tokenizer_pad_id
 from agentrl.types import Trajectory
 from agentrl.update import policy_update, score_and_credit
 
@@ -163,7 +163,7 @@ def step_advantages(
     model, _ = load_weights(run, step, device=device, dtype=dtype)
     tok = tokenizer if tokenizer is not None else load_tokenizer_for(run)
     credit = score_and_credit(
-        Learner(model, cfg.learner),
+        _learner(model, cfg),
         list(group_trajectories(run.trajectories[i] for i in trained)),
         estimator=cfg.estimator,
         pad_id=_pad_id(tok),
@@ -228,7 +228,7 @@ def reproduce_step(
     if trained:
         model, weights = load_weights(run, step, device=device, dtype=dtype)
         # The trainer's own update function, on the recorded episodes and the weights that sampled them.
-        learner = Learner(model, cfg.learner)
+        learner = _learner(model, cfg)
         groups = list(group_trajectories(run.trajectories[i] for i in trained))
         # An asynchronous step: μ (the recorded log-probs), each turn's version (staleness) and the run's
         # correction give the same ρ̄; the checkpoint of the step is the learner's π_old.
@@ -261,3 +261,10 @@ def reproduce_step(
         dev_s,
         (rtol, atol),
     )
+
+
+def _learner(model: Any, cfg: TrainConfig) -> Learner:
+    """The learner as the run trained: its precision on this device (bf16 autocast over fp32 master weights
+    on CUDA), so a replayed step scores with the arithmetic the trainer used."""
+    prec = precision(cfg, next(model.parameters()).device)
+    return Learner(model, learner_config(cfg, prec))
