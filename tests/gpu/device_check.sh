@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Run THERE, on a lent GPU machine (root, no network), from the repository root, after tests/gpu/prepare.sh
+# ran here and .device/ was carried. Everything goes to $OUT (logs and JSON) and ends with one summary table.
+# Target: under 6 minutes on one H100. Each part has its own time limit, so a hang costs only that part.
+set -uo pipefail
+OUT=${OUT:-/tmp/device-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 AGENTRL_CACHE=$PWD/.device/cache
+SITE=/tmp/agentrl-site; mkdir -p $SITE
+t0=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --target $SITE .device/wheels/*.whl >"$OUT/setup.log" 2>&1
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >>"$OUT/setup.log" 2>&1
+for d in .device/debs/*.deb; do dpkg -x "$d" / ; done
+{ nvidia-smi -L; python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"; } | tee "$OUT/machine.txt"
+declare -A status
+part() {  # part NAME SECONDS CMD...: run with a limit, log to $OUT/NAME.log, remember pass/fail
+  local name=$1 limit=$2; shift 2
+  local s=$(date +%s)
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1; local rc=$?
+  status[$name]="rc=$rc $(( $(date +%s) - s ))s"
+  echo "== $name: ${status[$name]}"; tail -n 25 "$OUT/$name.log"
+}
+part sandbox 60 python3 -m agentrl.sandbox.selftest
+part gpu_tests 240 python3 -m pytest -m gpu tests/gpu -rA -q -p no:cacheprovider -o addopts="" --timeout 200
+part precision 90 python3 benchmarks/precision_cuda.py --device cuda --json "$OUT/precision.json"
+if [ -f benchmarks/learner_throughput.py ]; then
+  part throughput 170 python3 benchmarks/learner_throughput.py --device cuda --quick --out "$OUT/throughput.json"
+fi
+echo; echo "| part | result |"; echo "|---|---|"
+for k in "${!status[@]}"; do echo "| $k | ${status[$k]} |"; done
+echo "total $(( $(date +%s) - t0 ))s"
