@@ -318,3 +318,23 @@ async def test_two_learners_shard_the_model_with_fsdp_and_checkpoint_it(cluster,
     # And a resumed learner group starts from it (weights and optimizer state).
     async with ray_runtime(dataclasses.replace(cfg, resume=str(run.path)), run, opts) as rt:
         assert rt.start_step == 1 and rt.version == 1 and rt.learner_checksum == trained
+
+
+async def test_bf16_compute_servers_hold_the_served_copy_of_the_fp32_master_weights(cluster, tmp_path):
+    """--dtype bfloat16: the learner keeps fp32 master weights, the HF inference servers sample from bf16
+    copies; the learner publishes that copy, so each server's checksum of its own weights equals it."""
+    import torch
+
+    from agentrl.precision import served_copy
+
+    cfg, run = new_run(config(tmp_path, env="calculator-v0", dtype="bfloat16"))
+    async with ray_runtime(cfg, run, RayOptions()) as rt:  # the default servers: HF policies
+        await rt.publish(1)
+        assert rt.last_sync and all(
+            s.version == 1 and s.checksum == rt.learner_checksum for s in rt.last_sync
+        )
+        checksum = rt.learner_checksum
+    master = resolve_model(pg.model_spec(cfg), tokenizer=False).model  # the initial weights, in fp32
+    assert next(master.parameters()).dtype == torch.float32
+    assert weights_checksum(served_copy(master.state_dict(), torch.bfloat16)) == checksum
+    assert weights_checksum(master.state_dict()) != checksum

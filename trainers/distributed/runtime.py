@@ -388,7 +388,8 @@ class RayRuntime:
         bad = [s for s in states if s.version != version or s.checksum != ref.checksum]
         if bad:
             raise ConfigError(
-                f"weight sync to version {version} failed: {bad} (learner checksum {ref.checksum})"
+                f"weight sync to version {version} failed: {bad} (checksum of the learner's "
+                f"{ref.copy or 'published'} copy: {ref.checksum})"
             )
         self.last_sync, self.learner_checksum, self._version = states, ref.checksum, version
         self.sync_s = time.perf_counter() - t0

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agentrl.errors import ConfigError, StoreError
+from agentrl.precision import weights_digest
 from agentrl.weights import weights_checksum
 
 __all__ = [
@@ -52,6 +53,9 @@ class WeightRef:
     """Which :class:`WeightTransport` wrote them."""
     location: Any
     """Transport-specific: ``[ObjectRef]`` (a list, so Ray does not resolve it in transit) or a file path."""
+    copy: str = ""
+    """Which copy :attr:`checksum` describes: ``served bfloat16`` (the learner's fp32 master weights cast to
+    the servers' dtype) or ``served float32`` (the master weights as they are, on CPU)."""
 
 
 class WeightTransport(Protocol):
@@ -75,6 +79,11 @@ def _cpu_copies(named_tensors: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v.detach().to("cpu").clone().contiguous() for k, v in named_tensors.items()}
 
 
+def _copy(tensors: Mapping[str, Any]) -> str:
+    d = weights_digest(tensors, "served")
+    return f"{d.copy} {d.dtype}"
+
+
 class ObjectStoreTransport:
     """Weights through the Ray object store (the default; any cluster, CPU or GPU)."""
 
@@ -85,7 +94,7 @@ class ObjectStoreTransport:
         import ray
 
         tensors = _cpu_copies(named_tensors)
-        return WeightRef(version, weights_checksum(tensors), self.name, [ray.put(tensors)])
+        return WeightRef(version, weights_checksum(tensors), self.name, [ray.put(tensors)], _copy(tensors))
 
     def get(self, ref: WeightRef) -> dict[str, Any]:
         """Fetch the tensors from the object store (zero-copy on the same node)."""
@@ -117,7 +126,7 @@ class SharedDiskTransport:
         os.replace(tmp, path)
         for old in sorted(self.folder.glob("weights-v*.safetensors"))[:-2]:
             old.unlink(missing_ok=True)
-        return WeightRef(version, weights_checksum(tensors), self.name, str(path))
+        return WeightRef(version, weights_checksum(tensors), self.name, str(path), _copy(tensors))
 
     def get(self, ref: WeightRef) -> dict[str, Any]:
         """Read the file of ``ref``."""
