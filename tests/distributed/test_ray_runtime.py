@@ -338,3 +338,17 @@ async def test_bf16_compute_servers_hold_the_served_copy_of_the_fp32_master_weig
     assert next(master.parameters()).dtype == torch.float32
     assert weights_checksum(served_copy(master.state_dict(), torch.bfloat16)) == checksum
     assert weights_checksum(master.state_dict()) != checksum
+
+
+async def test_two_workers_share_a_four_group_step(cluster, tmp_path):
+    """Leases go to the worker with the fewest groups in flight: the default step shape (4 groups of 2) on
+    two workers runs on both, not all on the first."""
+    cfg, run = new_run(config(tmp_path, rollout_workers=2, groups_per_step=4))
+    opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=0.1))
+    async with ray_runtime(cfg, run, opts) as rt:
+        groups, _ = await Rollout(rt, cfg).finish()
+        per_worker = defaultdict(int)
+        for g in groups:
+            per_worker[g[0].meta.extra["worker"]] += 1
+        assert sorted(per_worker.values()) == [2, 2], dict(per_worker)
+        await finish_step(rt, groups, 1)

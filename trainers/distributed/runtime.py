@@ -307,15 +307,17 @@ class RayRuntime:
                 for e in self.ledger.expired():
                     if e.key in keys:
                         self.ledger.release(e.key, e.group_id, f"lease expired on {e.worker}")
-                for name in list(busy):
-                    while (
-                        busy.get(name, slots) < slots
-                        and (got := self.ledger.lease(name, keys=keys)) is not None
-                    ):
-                        lease = GroupLease(got.step, got.seed, got.group_id, group_size, meta)
-                        ref = self.workers[name].run_group.remote(lease)
-                        running[asyncio.wrap_future(ref.future())] = (got.key, got.group_id, name, ref)
-                        busy[name] += 1
+                # Each lease goes to the worker with the fewest groups in flight (ties by name), so a step of
+                # a few groups spreads over the workers instead of filling the first one's slots.
+                while free := [n for n in busy if busy[n] < slots]:
+                    name = min(free, key=lambda n: (busy[n], n))
+                    got = self.ledger.lease(name, keys=keys)
+                    if got is None:
+                        break
+                    lease = GroupLease(got.step, got.seed, got.group_id, group_size, meta)
+                    ref = self.workers[name].run_group.remote(lease)
+                    running[asyncio.wrap_future(ref.future())] = (got.key, got.group_id, name, ref)
+                    busy[name] += 1
                 states = [self.ledger.entries[k].state.value for k in keys]
                 if all(s in ("done", "dropped", "trained") for s in states):
                     return
