@@ -62,6 +62,10 @@ class LearnerConfig:
     forward); off again after each micro-batch, so a sampler sharing the model generates with its KV cache."""
     skip_nonfinite_grad: bool = True
     """Skip the optimizer step (and report ``skipped``) when the gradient norm is NaN or inf."""
+    pack_sequences: bool = True
+    """Pack each micro-batch's sequences end to end in rows without padding (per-sequence positions,
+    attention kept inside each sequence) for HF causal LMs that support it; other models, or False, get
+    right-padded rows. Results agree to floating-point rounding."""
 
     def __post_init__(self) -> None:
         if self.policy_loss not in ("ppo", "reinforce"):
