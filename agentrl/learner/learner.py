@@ -27,9 +27,11 @@ from agentrl.learner.config import LearnerConfig, LearnerStats
 from agentrl.learner.distributed import all_reduce_floats, world_size
 from agentrl.learner.forward import ForwardOutput, forward_logprobs, packing_support
 from agentrl.learner.losses import kl_k3, policy_loss
+from agentrl.learner.sizing import LearnerSizes, ModelShape, device_sizes
 
 log = logging.getLogger(__name__)
 _TOLD_NO_PACKING: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+_SIZES: weakref.WeakKeyDictionary[Learner, LearnerSizes] = weakref.WeakKeyDictionary()
 
 __all__ = ["PACKED_ROW_TOKENS", "Learner", "plan_micro_batches", "plan_packed_micro_batches"]
 
@@ -209,12 +211,48 @@ class Learner:
             log.warning("the learner pads rows instead of packing them: %s", why)
         return why is None
 
+    def _device_sizes(self) -> LearnerSizes:
+        """The sizes for this device, for config fields left at 0 (chosen once, on first use)."""
+        got = _SIZES.get(self)
+        if got is None:
+            shape = None
+            if self.device.type == "cuda":
+                cfg = getattr(self.model, "config", None)
+                if cfg is None:
+                    raise ConfigError(
+                        "micro_batch_tokens or chunk_size 0 on CUDA needs an HF model (its config)"
+                    )
+                shape = ModelShape.from_config(cfg)
+            free = None
+            if self.device.type == "cuda":
+                # The weights are loaded already; the sizing subtracts them (and their gradients and moments).
+                free = torch.cuda.mem_get_info(self.device)[0] + sum(
+                    p.numel() * p.element_size() for p in self.model.parameters()
+                )
+            got = device_sizes(self.device, shape, free_bytes=free)
+            _SIZES[self] = got
+            log.info(
+                "learner sizes: micro_batch_tokens=%d chunk_size=%d (%s)",
+                got.micro_batch_tokens,
+                got.chunk_size,
+                got.why,
+            )
+        return got
+
+    def _budget(self) -> int | None:
+        """Tokens per micro-batch (None: the whole batch)."""
+        b = self.config.micro_batch_tokens
+        return self._device_sizes().micro_batch_tokens if b == 0 else b
+
+    def _chunk(self) -> int:
+        return self.config.chunk_size or self._device_sizes().chunk_size
+
     def _micro(self, batch: TokenBatch, model: nn.Module) -> list[list[list[int]]]:
         """Micro-batches as lists of rows to lay out, each a list of source rows (one per row unpacked)."""
         lengths = batch.lengths_B.tolist()
         if self._packs(model):
-            return plan_packed_micro_batches(lengths, self.config.micro_batch_tokens)
-        return [[[i] for i in rows] for rows in plan_micro_batches(lengths, self.config.micro_batch_tokens)]
+            return plan_packed_micro_batches(lengths, self._budget())
+        return [[[i] for i in rows] for rows in plan_micro_batches(lengths, self._budget())]
 
     def _forward(self, model: nn.Module, mb: PackedBatch, *, spi2: bool, entropy: bool) -> ForwardOutput:
         packed = self._packs(model)
@@ -224,7 +262,7 @@ class Learner:
                 mb.input_ids_B_T,
                 mb.attention_mask_B_T,
                 temperature=self.config.temperature,
-                chunk_size=self.config.chunk_size,
+                chunk_size=self._chunk(),
                 with_sum_pi_squared=spi2,
                 with_entropy=entropy,
                 token_mask_B_T=mb.loss_mask_B_T,
@@ -330,7 +368,7 @@ class Learner:
         sums = dict.fromkeys(("loss", "pg", "kl", "ent", "clip", "akl"), 0.0)
         ratio_max = 0.0
         recomputed = 0
-        budget = cfg.micro_batch_tokens
+        budget = self._budget()
         for rows, dummy in plans:
             mb = pack_rows(batch, rows)
             w_mb = mb.gather(weight)
