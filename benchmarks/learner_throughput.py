@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
 import statistics
 import sys
@@ -224,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         help="torch CPU threads (0 = torch's default; 1 is faster on a busy CPU)",
     )
     ap.add_argument("--out", default=None, help="write the results here as JSON (after every variant)")
+    ap.add_argument("--md", default=None, help="write a markdown section here (docs/benchmarks/learner.md)")
     a = ap.parse_args(argv)
     dev = torch.device(a.device)
     cuda = dev.type == "cuda"
@@ -350,9 +352,60 @@ def main(argv: list[str] | None = None) -> int:
     if "agentrl-padded" in v:
         res["padded_over_floor"] = round(v["agentrl-padded"]["tokens_per_s"] / v["floor"]["tokens_per_s"], 3)
         print(f"agentrl-padded/floor: {res['padded_over_floor']:.2f}x")
+    res["load_average"] = round(os.getloadavg()[0], 1)
     write()
+    if a.md:
+        Path(a.md).write_text(markdown(res))
     print(f"learner/floor: {ratio:.2f}x, padding {v['agentrl']['padding'] * 100:.0f}%")
     return 0
+
+
+def markdown(res: dict[str, Any]) -> str:
+    """The docs/benchmarks section for one run's results."""
+    v = res["variants"]
+    cuda = "mfu" in v["agentrl"]
+    threads = res["device"].rsplit("x", 1)[-1]
+    where = (
+        res["device"]
+        if cuda
+        else f"a 2-core x86_64 CPU shared with parallel work (1-minute load average {res['load_average']} "
+        f"at the end), torch threads {threads}"
+    )
+    precision = "fp32 weights + bf16 autocast" if res["bf16_autocast"] else "fp32"
+    lo, hi = res["lengths"]
+    head = (
+        "| variant | real tokens/s | s / update | scoring share | vs floor | padding | micro-batches "
+        "| peak GiB |"
+    )
+    lines = [
+        "## Learner throughput: the update against the packed floor",
+        "",
+        "`benchmarks/learner_throughput.py`: one update (`Learner.score` for π_old and Σπ², then",
+        "`Learner.step`: forward, backward, clip, AdamW) against the floor: plain Hugging Face training",
+        "on the same real tokens in the same packed rows (one no-grad forward, then forward with labels +",
+        "backward per packed row, the same clip and AdamW step). Repetitions alternate between the",
+        "variants; medians. Targets (issue 26): ≥ 0.9x the floor, padding ≤ 5 %.",
+        "",
+        f"Machine: {where}; torch {res['torch']}, transformers {res['transformers']}. Model: {res['shape']} "
+        f"({res['parameters'] / 1e6:.0f} M parameters, {precision}). Batch: {res['rows']} rows of {lo}–{hi} "
+        f"tokens, {res['real_tokens']:,} real tokens. micro_batch_tokens {res['micro_batch_tokens']}, "
+        f"chunk_size {res['chunk_size']} (chosen for the device); {res['warmup']} warm-up and {res['reps']} "
+        "timed updates per variant.",
+        "",
+        head + (" MFU |" if cuda else ""),
+        "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if cuda else ""),
+    ]
+    floor = v["floor"]["tokens_per_s"]
+    for name, r in v.items():
+        row = (
+            f"| {name} | {r['tokens_per_s']:,.0f} | {r['median_s']:.2f} | {r['score_share']:.0%} | "
+            f"{r['tokens_per_s'] / floor:.2f}x | {r['padding']:.1%} | {r['micro_batches']} | "
+            f"{r['peak_gib']:.2f} |"
+        )
+        lines.append(row + (f" {r['mfu']:.1%} |" if cuda else ""))
+    pad = v["agentrl"]["padding"]
+    lines += ["", f"learner/floor: {res['learner_over_floor']:.2f}x, padding {pad:.0%}", ""]
+    return "\n".join(lines)
 
 
 def _fields(cfg: LearnerConfig) -> dict[str, Any]:
