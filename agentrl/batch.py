@@ -1,5 +1,5 @@
 """Collate groups of trajectories into right-padded token tensors for the learner and the credit
-estimators."""
+estimators, and pack rows end to end (no padding between sequences) for the learner's forward passes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from agentrl.errors import AuditError, ConfigError
 from agentrl.groups import TrajectoryGroup
 
-__all__ = ["TokenBatch", "collate"]
+__all__ = ["PackedBatch", "TokenBatch", "collate", "pack_rows"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,3 +155,93 @@ def collate(
         lengths_B=lengths,
     )
     return batch if device is None else batch.to(device)
+
+
+@dataclass(frozen=True, slots=True)
+class PackedBatch:
+    """Rows of a :class:`TokenBatch` laid end to end in B' packed rows of T' tokens, without padding between
+    sequences (only after a packed row's last sequence, up to T').
+
+    Positions restart at 0 at each sequence's start (``position_ids_B_T``), which is how Hugging Face causal
+    LMs tell packed sequences apart and keep attention inside each one. The source index maps every packed
+    position back to its (row, token) in the source batch, so per-token tensors move between the two layouts
+    with :meth:`gather` and :meth:`scatter`.
+    """
+
+    input_ids_B_T: torch.Tensor
+    """Token ids of the packed rows (long); 0 after a packed row's end."""
+    attention_mask_B_T: torch.Tensor
+    """1 on real tokens, 0 on the padding after a packed row's end (long)."""
+    position_ids_B_T: torch.Tensor
+    """Each token's position inside its own sequence (long); the padding counts as one more sequence."""
+    loss_mask_B_T: torch.Tensor
+    """The source's loss mask in the packed layout (float32)."""
+    old_logprobs_B_T: torch.Tensor
+    """The source's old log-probs in the packed layout (float32)."""
+    source_B_T: torch.Tensor
+    """``row * T_source + t`` of each packed token in the source batch; -1 on padding (long)."""
+    rows: tuple[int, ...]
+    """The source rows packed here, in packed order."""
+
+    @property
+    def seq_len(self) -> int:
+        """T' (the packed rows' length)."""
+        return int(self.input_ids_B_T.shape[1])
+
+    @property
+    def num_tokens(self) -> int:
+        """Packed positions (B' × T'), padding included."""
+        return int(self.input_ids_B_T.numel())
+
+    def gather(self, x_B_T: torch.Tensor) -> torch.Tensor:
+        """A source-layout [B, T] tensor in the packed layout (0 on padding)."""
+        flat = x_B_T.reshape(-1)
+        src = self.source_B_T
+        vals = flat.index_select(0, src.clamp(min=0).reshape(-1)).view(src.shape)
+        return torch.where(src >= 0, vals, torch.zeros((), dtype=vals.dtype, device=vals.device))
+
+    def scatter(self, values_B_T: torch.Tensor, out_B_T: torch.Tensor) -> None:
+        """Write packed-layout values into the source-layout ``out_B_T`` in place (padding is skipped)."""
+        keep = self.source_B_T.reshape(-1) >= 0
+        src = self.source_B_T.reshape(-1)[keep]
+        out_B_T.view(-1).index_copy_(0, src, values_B_T.reshape(-1)[keep].to(out_B_T.dtype))
+
+
+def pack_rows(batch: TokenBatch, packed_rows: Sequence[Sequence[int]]) -> PackedBatch:
+    """Pack ``batch``: each inner list of source rows becomes one packed row (its sequences end to end, in
+    that order); all packed rows are right-padded to the longest. Rows keep their real tokens only."""
+    if not packed_rows or any(not r for r in packed_rows):
+        raise ConfigError("pack_rows needs at least one packed row, each with at least one source row")
+    dev = batch.input_ids_B_T.device
+    T_src = batch.seq_len
+    lengths = batch.lengths_B.tolist()
+    fill = [sum(int(lengths[i]) for i in r) for r in packed_rows]
+    T = max(max(fill), 1)
+    src = torch.full((len(packed_rows), T), -1, dtype=torch.long)
+    pos = torch.zeros((len(packed_rows), T), dtype=torch.long)
+    for k, r in enumerate(packed_rows):
+        at = 0
+        for i in r:
+            n = int(lengths[i])
+            src[k, at : at + n] = torch.arange(i * T_src, i * T_src + n)
+            pos[k, at : at + n] = torch.arange(n)
+            at += n
+        pos[k, at:] = torch.arange(T - at)
+    src = src.to(dev)
+    pos = pos.to(dev)
+    real = src >= 0
+    flat_src = src.clamp(min=0).reshape(-1)
+
+    def take(x: torch.Tensor) -> torch.Tensor:
+        vals = x.reshape(-1).index_select(0, flat_src).view(src.shape)
+        return torch.where(real, vals, torch.zeros((), dtype=vals.dtype, device=dev))
+
+    return PackedBatch(
+        input_ids_B_T=take(batch.input_ids_B_T),
+        attention_mask_B_T=real.long(),
+        position_ids_B_T=pos,
+        loss_mask_B_T=take(batch.loss_mask_B_T),
+        old_logprobs_B_T=take(batch.old_logprobs_B_T),
+        source_B_T=src,
+        rows=tuple(int(i) for r in packed_rows for i in r),
+    )

@@ -114,13 +114,15 @@ class TrainConfig:
     """How episodes run: turn and token limits, sampling, concurrency (the HF policy batches the turns of
     the episodes in flight)."""
     learner: LearnerConfig = field(
-        default_factory=lambda: LearnerConfig(lr=3e-6, micro_batch_tokens=384, chunk_size=128)
+        default_factory=lambda: LearnerConfig(lr=3e-6, micro_batch_tokens=0, chunk_size=0)
     )
-    """Loss, optimizer and memory settings. A 135M fp32 model keeps ~1.5 MB per token for backward, so a
-    micro-batch holds ~384 padded tokens (one or two episodes; the gradient does not depend on the split; a
-    longer episode is recomputed), and the LM head runs 128 tokens at a time (a [128, 49152] fp32 buffer is
-    24 MiB). These keep whole default runs under 4 GiB resident for ~6 % more learner time than 512/256
-    (docs/benchmarks.md, memory_budget)."""
+    """Loss, optimizer and memory settings. micro_batch_tokens and chunk_size 0 are chosen for the device at
+    start (printed, and recorded in config.json). On CPU: a 135M fp32 model keeps ~1.5 MB per token for
+    backward, so a micro-batch holds ~384 tokens (episodes packed end to end; the gradient does not depend on
+    the split; a longer episode is recomputed), and the LM head runs 128 tokens at a time (a [128, 49152] fp32
+    buffer is 24 MiB). These keep whole default runs under 4 GiB resident for ~6 % more learner time than
+    512/256 (docs/benchmarks.md, memory_budget). On CUDA they are sized from the free memory
+    (agentrl.learner.sizing)."""
     checkpoint_every: int = 1
     """Write a checkpoint every this many steps (and at the end, and on SIGINT/SIGTERM)."""
     keep_checkpoints: int = 3
@@ -389,7 +391,9 @@ def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, RunDir]:
         if not run.exists():
             raise ConfigError(f"--resume {run.path}: no config.json there; is it a run directory?")
         here = str(run.path)  # a moved run directory still names its old path
-        old = config_to_dict(run.read_config(TrainConfig, out=here, resume=here))
+        saved = run.read_config(TrainConfig, out=here, resume=here)
+        old = config_to_dict(saved)
+        cfg = _keep_saved_sizes(cfg, saved)
         new = config_to_dict(cfg)
         # Only the run's length and its display may change: anything else would mix two experiments.
         changed = sorted(k for k in new if k not in RESUMABLE and new[k] != old[k])
@@ -403,8 +407,48 @@ def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, RunDir]:
         if run.exists() and run.has_records():
             raise ConfigError(f"{run.path} already holds a run; pass --resume {run.path} to continue it")
         cfg = dataclasses.replace(cfg, out=str(run.path))
+        cfg = _size_learner(cfg)
     run.write_config(cfg)
     return cfg, run
+
+
+def _keep_saved_sizes(cfg: TrainConfig, saved: TrainConfig) -> TrainConfig:
+    """A resume asking for sizes chosen for the device (0) keeps the ones its run chose."""
+    lc = cfg.learner
+    mbt = saved.learner.micro_batch_tokens if lc.micro_batch_tokens == 0 else lc.micro_batch_tokens
+    chunk = saved.learner.chunk_size if lc.chunk_size == 0 else lc.chunk_size
+    return dataclasses.replace(cfg, learner=dataclasses.replace(lc, micro_batch_tokens=mbt, chunk_size=chunk))
+
+
+def _size_learner(cfg: TrainConfig) -> TrainConfig:
+    """Replace the learner's micro_batch_tokens and chunk_size left at 0 by the device's (an explicit value
+    wins), and say what was chosen. On CUDA the model's config.json gives its shape; a model without a folder
+    ('tiny') keeps 0 and the learner sizes it when it starts."""
+    import json
+
+    from agentrl.learner.sizing import ModelShape, device_sizes
+    from agentrl.models import resolve_device
+
+    lc = cfg.learner
+    if lc.micro_batch_tokens != 0 and lc.chunk_size != 0:
+        return cfg
+    dev = resolve_device(cfg.device)
+    shape = None
+    reserved = 0
+    if dev.type == "cuda":
+        folder = model_folder(cfg.model)
+        if folder is None:
+            print("learner: micro-batch and LM-head chunk sizes chosen by the learner at start")
+            return cfg
+        shape = ModelShape.from_config(json.loads((folder / "config.json").read_text()))
+        vllm = cfg.policy == "vllm" or (cfg.policy == "auto" and importlib.util.find_spec("vllm") is not None)
+        if vllm:  # the in-process engine takes its share of the GPU after the learner's model is loaded
+            reserved = int(0.35 * torch.cuda.get_device_properties(dev).total_memory)
+    sizes = device_sizes(dev, shape, reserved_bytes=reserved)
+    mbt = sizes.micro_batch_tokens if lc.micro_batch_tokens == 0 else lc.micro_batch_tokens
+    chunk = sizes.chunk_size if lc.chunk_size == 0 else lc.chunk_size
+    print(f"learner: micro_batch_tokens={mbt} chunk_size={chunk} ({sizes.why})")
+    return dataclasses.replace(cfg, learner=dataclasses.replace(lc, micro_batch_tokens=mbt, chunk_size=chunk))
 
 
 @dataclass

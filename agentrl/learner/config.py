@@ -45,7 +45,8 @@ class LearnerConfig:
     """Padded tokens (rows × longest row) per micro-batch; rows are packed longest first; None = the
     whole batch at once. A row longer than the budget gets a micro-batch of its own, run with activation
     checkpointing (HF models) so that one long episode cannot raise the update's memory peak above what
-    the budget allows."""
+    the budget allows. 0 = chosen for the device (:mod:`agentrl.learner.sizing`: 384 on CPU, from the free
+    memory on CUDA)."""
     lr: float = 1e-6
     """Learning rate of the default AdamW (ignored when an optimizer is passed)."""
     weight_decay: float = 0.0
@@ -54,7 +55,7 @@ class LearnerConfig:
     """Sampling temperature: log-probs and Σπ² are those of softmax(logits / temperature)."""
     chunk_size: int = 1024
     """Tokens per chunk through the LM head (extra memory ≈ chunk_size × vocab × 4 bytes × a
-    few)."""
+    few). 0 = chosen for the device (128 on CPU, from the free memory on CUDA)."""
     bf16_autocast: bool = False
     """Run forward passes under bf16 autocast (meant for CUDA; works, slowly, on CPU)."""
     gradient_checkpointing: bool = False
@@ -66,6 +67,10 @@ class LearnerConfig:
     """Measure what each step did to the weights (``update_rel_norm``, ``unchanged_frac``): the step is taken
     in slices of parameters, each compared before and after (one slice of extra memory). This is what shows
     an update rounding away in low-precision master weights."""
+    pack_sequences: bool = True
+    """Pack each micro-batch's sequences end to end in rows without padding (per-sequence positions,
+    attention kept inside each sequence) for HF causal LMs that support it; other models, or False, get
+    right-padded rows. Results agree to floating-point rounding."""
 
     def __post_init__(self) -> None:
         if self.policy_loss not in ("ppo", "reinforce"):
@@ -85,12 +90,14 @@ class LearnerConfig:
                 raise ConfigError(f"{name} must be a finite number >= 0, got {v}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ConfigError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
-        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
-            raise ConfigError(f"micro_batch_tokens must be >= 1 or None, got {self.micro_batch_tokens}")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 0:
+            raise ConfigError(
+                f"micro_batch_tokens must be >= 1, 0 (for the device) or None, got {self.micro_batch_tokens}"
+            )
         if not self.temperature > 0:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
-        if self.chunk_size < 1:
-            raise ConfigError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.chunk_size < 0:
+            raise ConfigError(f"chunk_size must be >= 1 or 0 (for the device), got {self.chunk_size}")
 
 
 @dataclass(frozen=True, slots=True)

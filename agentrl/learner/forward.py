@@ -8,6 +8,8 @@ checkpointed (its logits are recomputed in backward), keeping the extra memory O
 from __future__ import annotations
 
 import inspect
+import sys
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from agentrl.errors import ConfigError
 
-__all__ = ["ForwardOutput", "forward_logprobs"]
+__all__ = ["ForwardOutput", "forward_logprobs", "packing_support"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +68,10 @@ def _logit_transform(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]
 
 
 def _run_backbone(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
     """Final hidden states [B, T, H] and a function hidden → logits, or logits [B, T, V] and
     identity.
@@ -74,9 +79,14 @@ def _run_backbone(
     The model itself is called (not its decoder), so wrappers' hooks (FSDP unshard/reshard, hooks of
     accelerate) run; the decoder's output is captured with a forward hook, and the head is asked for
     one position only (``logits_to_keep=1``) so the full [B, T, V] logits are never built.
+
+    With ``position_ids`` (packed rows) no attention mask is passed: transformers then finds the sequences
+    from the restarts of the positions and keeps attention inside each (see :func:`packing_supported`).
     """
     params = inspect.signature(model.forward).parameters
     kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if position_ids is not None:
+        kwargs = {"input_ids": input_ids, "attention_mask": None, "position_ids": position_ids}
     if "use_cache" in params:
         kwargs["use_cache"] = False
     parts = _head_parts(model)
@@ -157,6 +167,7 @@ def forward_logprobs(
     with_sum_pi_squared: bool = True,
     with_entropy: bool = False,
     token_mask_B_T: torch.Tensor | None = None,
+    position_ids_B_T: torch.Tensor | None = None,
 ) -> ForwardOutput:
     """One forward pass → per-token log-probs of the next token (and Σπ², entropy), chunked over
     tokens.
@@ -170,6 +181,10 @@ def forward_logprobs(
     ``chunk_size`` tokens at a time (extra memory O(chunk_size × V) fp32; with grad each chunk is
     checkpointed). Other models (returning ``.logits`` or a tensor) are called as is; their logits
     are then only upcast chunk by chunk.
+
+    Packed rows (:func:`agentrl.batch.pack_rows`) pass ``position_ids_B_T``: several sequences share a row,
+    positions restart at 0 at each one's start, and values are computed where the position is not 0 (the
+    first token of a sequence has no prediction). Only for models where :func:`packing_supported` holds.
     """
     if input_ids_B_T.dim() != 2 or attention_mask_B_T.shape != input_ids_B_T.shape:
         raise ConfigError(
@@ -182,10 +197,14 @@ def forward_logprobs(
         raise ConfigError(f"chunk_size must be >= 1, got {chunk_size}")
     B, T = input_ids_B_T.shape
     dev = input_ids_B_T.device
-    hidden, to_logits = _run_backbone(model, input_ids_B_T, attention_mask_B_T)
+    if position_ids_B_T is not None and position_ids_B_T.shape != input_ids_B_T.shape:
+        raise ConfigError("position_ids must have the shape of input_ids")
+    hidden, to_logits = _run_backbone(model, input_ids_B_T, attention_mask_B_T, position_ids_B_T)
     grad = torch.is_grad_enabled() and hidden.requires_grad
 
     sel_B_T = attention_mask_B_T[:, 1:] != 0
+    if position_ids_B_T is not None:
+        sel_B_T = sel_B_T & (position_ids_B_T[:, 1:] != 0)
     if token_mask_B_T is not None:
         if token_mask_B_T.shape != input_ids_B_T.shape:
             raise ConfigError("token_mask must have the shape of input_ids")
@@ -208,6 +227,11 @@ def forward_logprobs(
         ents.append(ent)
 
     out_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    if grad and not lps:
+        # Nothing to score (e.g. a micro-batch of prompts only): keep the outputs in the model's graph, so the
+        # backward pass still runs (zero gradients; FSDP's collectives need every rank to take it).
+        tie = flat_h[:0, 0].to(out_dtype) * 0
+        lps, ents = [tie], [tie] if with_entropy else ents
 
     def place(parts: list[torch.Tensor]) -> torch.Tensor:
         vals = torch.cat(parts) if parts else torch.zeros(0, dtype=out_dtype, device=dev)
@@ -222,3 +246,92 @@ def forward_logprobs(
         sum_pi_squared_B_T=place(spis) if with_sum_pi_squared else None,
         entropy_B_T=place(ents) if with_entropy else None,
     )
+
+
+# Attention implementations whose transformers code keeps packed sequences apart when it is given position ids
+# and no attention mask (SDPA/eager/flex through masking_utils' packed-sequence mask, FlashAttention through
+# its varlen kernel).
+_PACKABLE_ATTENTION = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
+_PACKING: weakref.WeakKeyDictionary[nn.Module, str | None] = weakref.WeakKeyDictionary()
+
+
+def _static_packing_obstacle(model: nn.Module) -> str | None:
+    """Why ``model`` cannot take packed rows, judged from its code alone; None when it can."""
+    masking = sys.modules.get("transformers.masking_utils")
+    if masking is None:
+        try:
+            import transformers.masking_utils as masking
+        except ImportError:
+            return "transformers has no masking_utils (it is older than 4.53)"
+    if not hasattr(masking, "find_packed_sequence_indices"):
+        return "this transformers does not detect packed sequences from position ids"
+    if "position_ids" not in inspect.signature(model.forward).parameters:
+        return f"{type(model).__name__}.forward takes no position_ids"
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if impl not in _PACKABLE_ATTENTION:
+        return f"attention implementation {impl!r} is not one of {_PACKABLE_ATTENTION}"
+    # The model's own modeling file must build its mask with masking_utils (which finds the sequences).
+    for cls in type(model).__mro__:
+        mod = sys.modules.get(cls.__module__)
+        if cls.__module__.startswith("transformers.models.") and mod is not None:
+            if not hasattr(mod, "create_causal_mask"):
+                return f"{cls.__module__} does not build its mask with masking_utils.create_causal_mask"
+            return None
+    return f"{type(model).__name__} is not a transformers model"
+
+
+def _probe_packing(model: nn.Module) -> str | None:
+    """Score two short sequences packed in one row and padded in two: a model that lets one sequence see
+    the other disagrees. Run only for float32/float64 weights, where the two agree to ~1e-6."""
+    param = next(model.parameters())
+    if param.dtype not in (torch.float32, torch.float64):
+        return None
+    cfg = getattr(model, "config", None)
+    vocab = int(getattr(cfg, "vocab_size", 0) or 0)
+    if vocab < 2:
+        return None
+    gen = torch.Generator().manual_seed(1234)
+    a = torch.randint(vocab, (7,), generator=gen)
+    b = torch.randint(vocab, (5,), generator=gen)
+    dev = param.device
+    ids = torch.zeros(2, 7, dtype=torch.long)
+    ids[0], ids[1, :5] = a, b
+    attn = torch.zeros(2, 7, dtype=torch.long)
+    attn[0], attn[1, :5] = 1, 1
+    packed = torch.cat([a, b])[None]
+    pos = torch.cat([torch.arange(7), torch.arange(5)])[None]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.autocast(dev.type, enabled=False):
+            pad = forward_logprobs(model, ids.to(dev), attn.to(dev), with_sum_pi_squared=False)
+            got = forward_logprobs(
+                model,
+                packed.to(dev),
+                torch.ones_like(packed).to(dev),
+                with_sum_pi_squared=False,
+                position_ids_B_T=pos.to(dev),
+            )
+    except Exception as e:  # a model that cannot run this way at all
+        return f"packed forward failed ({type(e).__name__}: {e})"
+    finally:
+        model.train(was_training)
+    want = torch.cat([pad.logprobs_B_T[0], pad.logprobs_B_T[1, :5]])
+    err = float((got.logprobs_B_T[0].double() - want.double()).abs().max())
+    if not err < 1e-3:
+        return f"packed and padded log-probs differ by {err:.2g} on a probe"
+    return None
+
+
+def packing_support(model: nn.Module) -> str | None:
+    """None when ``model`` can score packed rows (several sequences per row, told apart by position ids, no
+    attention mask), else why not (then the learner pads rows instead). Checked once per model: its code
+    (transformers' packed-sequence detection, position ids, a known attention implementation) and, for
+    float32 weights, a probe that compares packed and padded log-probs."""
+    if model in _PACKING:
+        return _PACKING[model]
+    why = _static_packing_obstacle(model)
+    if why is None:
+        why = _probe_packing(model)
+    _PACKING[model] = why
+    return why

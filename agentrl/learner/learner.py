@@ -1,13 +1,17 @@
 """The :class:`Learner`: owns the policy model and its optimizer, scores batches, takes steps.
 
-Batches are split into micro-batches balanced by padded token count (:func:`plan_micro_batches`); the loss
+Batches are split into micro-batches balanced by token count; HF causal LMs get their sequences packed end to
+end in rows without padding (:func:`plan_packed_micro_batches`, :func:`agentrl.batch.pack_rows`), other
+models right-padded rows of similar length (:func:`plan_micro_batches`). The loss
 normalisers are global over the batch and over ranks, so neither micro-batching nor data parallelism changes
 the gradient.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
@@ -16,16 +20,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from agentrl.batch import TokenBatch
+from agentrl.batch import PackedBatch, TokenBatch, pack_rows
 from agentrl.errors import ConfigError
 from agentrl.heap import trim_heap
 from agentrl.learner.config import LearnerConfig, LearnerStats
 from agentrl.learner.distributed import all_reduce_floats, world_size
-from agentrl.learner.forward import ForwardOutput, forward_logprobs
+from agentrl.learner.forward import ForwardOutput, forward_logprobs, packing_support
 from agentrl.learner.losses import kl_k3, policy_loss
 from agentrl.learner.optim_step import UpdateStats, measured_step
+from agentrl.learner.sizing import LearnerSizes, ModelShape, device_sizes
 
-__all__ = ["Learner", "plan_micro_batches"]
+log = logging.getLogger(__name__)
+_TOLD_NO_PACKING: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+_SIZES: weakref.WeakKeyDictionary[Learner, LearnerSizes] = weakref.WeakKeyDictionary()
+
+__all__ = ["PACKED_ROW_TOKENS", "Learner", "plan_micro_batches", "plan_packed_micro_batches"]
 
 # Optimizers that update each element from its own gradient and state alone, so a step may be taken in slices
 # of parameters (agentrl.learner.optim_step).
@@ -64,6 +73,62 @@ def plan_micro_batches(lengths: Sequence[int], budget: int | None) -> list[list[
         cur_max = new_max
     if cur:
         plans.append(cur)
+    return plans
+
+
+PACKED_ROW_TOKENS = 8192
+"""Longest packed row (unless one sequence is longer). SDPA and eager attention compute a packed row's whole
+[T, T] score matrix (the mask only hides the other sequences), so longer rows cost attention work; 8 k keeps
+the padding after the rows' ends at a few per cent for sequences of up to 4 k."""
+
+
+def _balanced(rows: list[int], lengths: Sequence[int], k: int) -> list[list[int]]:
+    """``rows`` in ``k`` packed rows of near-equal fill (longest first into the emptiest)."""
+    bins: list[list[int]] = [[] for _ in range(k)]
+    fills = [0] * k
+    for i in sorted(rows, key=lambda i: -int(lengths[i])):
+        j = min(range(k), key=fills.__getitem__)
+        bins[j].append(i)
+        fills[j] += int(lengths[i])
+    return [b for b in bins if b]
+
+
+def plan_packed_micro_batches(
+    lengths: Sequence[int], budget: int | None, row_tokens: int = PACKED_ROW_TOKENS
+) -> list[list[list[int]]]:
+    """Split rows into micro-batches of packed rows: each micro-batch is a list of packed rows, each the list
+    of source rows laid end to end in it, with at most ``budget`` tokens per micro-batch (packed rows ×
+    the longest packed row; None = one micro-batch).
+
+    Rows go longest first into the first packed row with room (at most ``min(budget, row_tokens)`` tokens;
+    a longer sequence gets a row and a micro-batch of its own); packed rows of similar fill form a
+    micro-batch, whose rows are then rebalanced when that shortens its longest one. The only padding left
+    is after each packed row's end, up to the micro-batch's longest packed row.
+    """
+    if row_tokens < 1:
+        raise ConfigError(f"row_tokens must be >= 1, got {row_tokens}")
+    cap = row_tokens if budget is None else min(budget, row_tokens)
+    bins: list[list[int]] = []
+    fills: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -int(lengths[i])):
+        ln = int(lengths[i])
+        for j, f in enumerate(fills):
+            if f + ln <= cap:
+                bins[j].append(i)
+                fills[j] += ln
+                break
+        else:
+            bins.append([i])
+            fills.append(ln)
+    plans: list[list[list[int]]] = []
+    for group in plan_micro_batches(fills, budget):
+        mb = [bins[j] for j in group]
+        alt = _balanced([i for b in mb for i in b], lengths, len(mb))
+
+        def longest(rows: list[list[int]]) -> int:
+            return max(sum(int(lengths[i]) for i in b) for b in rows)
+
+        plans.append(alt if len(alt) == len(mb) and longest(alt) < longest(mb) else mb)
     return plans
 
 
@@ -150,35 +215,87 @@ class Learner:
         finally:
             disable()
 
-    def _micro(self, batch: TokenBatch) -> list[list[int]]:
-        return plan_micro_batches(batch.lengths_B.tolist(), self.config.micro_batch_tokens)
+    def _packs(self, model: nn.Module) -> bool:
+        """Whether ``model``'s micro-batches are packed rows (``pack_sequences`` and a model that can)."""
+        if not self.config.pack_sequences:
+            return False
+        why = packing_support(model)
+        if why is not None and model not in _TOLD_NO_PACKING:
+            _TOLD_NO_PACKING.add(model)
+            log.warning("the learner pads rows instead of packing them: %s", why)
+        return why is None
 
-    def _forward(self, model: nn.Module, mb: TokenBatch, *, spi2: bool, entropy: bool) -> ForwardOutput:
+    def _device_sizes(self) -> LearnerSizes:
+        """The sizes for this device, for config fields left at 0 (chosen once, on first use)."""
+        got = _SIZES.get(self)
+        if got is None:
+            shape = None
+            if self.device.type == "cuda":
+                cfg = getattr(self.model, "config", None)
+                if cfg is None:
+                    raise ConfigError(
+                        "micro_batch_tokens or chunk_size 0 on CUDA needs an HF model (its config)"
+                    )
+                shape = ModelShape.from_config(cfg)
+            free = None
+            if self.device.type == "cuda":
+                # The weights are loaded already; the sizing subtracts them (and their gradients and moments).
+                free = torch.cuda.mem_get_info(self.device)[0] + sum(
+                    p.numel() * p.element_size() for p in self.model.parameters()
+                )
+            got = device_sizes(self.device, shape, free_bytes=free)
+            _SIZES[self] = got
+            log.info(
+                "learner sizes: micro_batch_tokens=%d chunk_size=%d (%s)",
+                got.micro_batch_tokens,
+                got.chunk_size,
+                got.why,
+            )
+        return got
+
+    def _budget(self) -> int | None:
+        """Tokens per micro-batch (None: the whole batch)."""
+        b = self.config.micro_batch_tokens
+        return self._device_sizes().micro_batch_tokens if b == 0 else b
+
+    def _chunk(self) -> int:
+        return self.config.chunk_size or self._device_sizes().chunk_size
+
+    def _micro(self, batch: TokenBatch, model: nn.Module) -> list[list[list[int]]]:
+        """Micro-batches as lists of rows to lay out, each a list of source rows (one per row unpacked)."""
+        lengths = batch.lengths_B.tolist()
+        if self._packs(model):
+            return plan_packed_micro_batches(lengths, self._budget())
+        return [[[i] for i in rows] for rows in plan_micro_batches(lengths, self._budget())]
+
+    def _forward(self, model: nn.Module, mb: PackedBatch, *, spi2: bool, entropy: bool) -> ForwardOutput:
+        packed = self._packs(model)
         with self._autocast():
             return forward_logprobs(
                 model,
                 mb.input_ids_B_T,
                 mb.attention_mask_B_T,
                 temperature=self.config.temperature,
-                chunk_size=self.config.chunk_size,
+                chunk_size=self._chunk(),
                 with_sum_pi_squared=spi2,
                 with_entropy=entropy,
                 token_mask_B_T=mb.loss_mask_B_T,
+                position_ids_B_T=mb.position_ids_B_T if packed else None,
             )
 
-    def _synced_plans(self, batch: TokenBatch) -> list[tuple[list[int], bool]]:
-        """Micro-batches as (rows, is_dummy). Under torch.distributed every rank must make the same
+    def _synced_plans(self, batch: TokenBatch, model: nn.Module) -> list[tuple[list[list[int]], bool]]:
+        """Micro-batches as (rows laid out, is_dummy). Under torch.distributed every rank must make the same
         number of forward (and backward) calls, since each one runs FSDP collectives; ranks with
         fewer micro-batches pad with dummy passes over their first row, whose results are
         discarded."""
-        plans = self._micro(batch)
+        plans = self._micro(batch, model)
         if not plans:
             raise ConfigError("the batch has no rows")
         n = len(plans)
         if world_size() > 1:
             (n_max,) = all_reduce_floats([float(n)], dist.ReduceOp.MAX, self.device)
             n = int(n_max)
-        return [(plans[k], False) if k < len(plans) else (plans[0][:1], True) for k in range(n)]
+        return [(plans[k], False) if k < len(plans) else ([plans[0][0][:1]], True) for k in range(n)]
 
     def _score_with(
         self, model: nn.Module, batch: TokenBatch, spi2: bool
@@ -187,20 +304,19 @@ class Learner:
         B, T = batch.input_ids_B_T.shape
         lp = torch.zeros(B, T, dtype=torch.float32, device=self.device)
         sp = torch.zeros(B, T, dtype=torch.float32, device=self.device)
+        plans = self._synced_plans(batch, model)
         was_training = model.training
         model.eval()  # deterministic scores (no dropout)
         try:
             with torch.no_grad():
-                for rows, dummy in self._synced_plans(batch):
-                    mb = batch.select(rows)
+                for rows, dummy in plans:
+                    mb = pack_rows(batch, rows)
                     out = self._forward(model, mb, spi2=spi2, entropy=False)
                     if dummy:
                         continue
-                    t = mb.seq_len
-                    idx = torch.as_tensor(rows, device=self.device)
-                    lp[idx, :t] = out.logprobs_B_T.float()
+                    mb.scatter(out.logprobs_B_T.float(), lp)
                     if out.sum_pi_squared_B_T is not None:
-                        sp[idx, :t] = out.sum_pi_squared_B_T.float()
+                        mb.scatter(out.sum_pi_squared_B_T.float(), sp)
         finally:
             model.train(was_training)
         return lp, sp
@@ -250,7 +366,7 @@ class Learner:
         world = world_size()
         red_sum = dist.ReduceOp.SUM if world > 1 else None
         n_tok, n_seq = all_reduce_floats([n_tok_local, n_seq_local], red_sum, dev)
-        plans = self._synced_plans(batch)
+        plans = self._synced_plans(batch, self.model)
         # Per-token weights implementing the aggregation with global normalisers; ×world because the
         # data-parallel wrapper averages gradients over ranks.
         if cfg.loss_agg == "token-mean":
@@ -266,15 +382,14 @@ class Learner:
         sums = dict.fromkeys(("loss", "pg", "kl", "ent", "clip", "akl"), 0.0)
         ratio_max = 0.0
         recomputed = 0
-        budget = cfg.micro_batch_tokens
+        budget = self._budget()
         for rows, dummy in plans:
-            mb = batch.select(rows)
-            idx = torch.as_tensor(rows, device=dev)
-            t = mb.seq_len
-            with self._recompute(budget is not None and len(rows) * t > budget) as rc:
+            mb = pack_rows(batch, rows)
+            w_mb = mb.gather(weight)
+            with self._recompute(budget is not None and mb.num_tokens > budget) as rc:
                 recomputed += rc and not cfg.gradient_checkpointing
                 loss, pg, clipped, kl, ent, lp = self._micro_loss(
-                    mb, weight[idx, :t], adv[idx, :t], ref, idx, dummy
+                    mb, w_mb, mb.gather(adv), None if ref is None else mb.gather(ref), dummy
                 )
                 loss.backward()
             # Autograd's small allocations of this micro-batch are freed now but stay resident in the heaps;
@@ -285,7 +400,7 @@ class Learner:
             m = mb.loss_mask_B_T
             with torch.no_grad():
                 sums["loss"] += float(loss) / world
-                sums["pg"] += float((torch.where(m != 0, pg, 0.0) * weight[idx, :t]).sum()) / world
+                sums["pg"] += float((torch.where(m != 0, pg, 0.0) * w_mb).sum()) / world
                 sums["kl"] += float((kl * m).sum())
                 sums["ent"] += float((ent * m).sum())
                 sums["clip"] += float((clipped * m).sum())
@@ -335,14 +450,14 @@ class Learner:
 
     def _micro_loss(
         self,
-        mb: TokenBatch,
+        mb: PackedBatch,
         w: torch.Tensor,
         a: torch.Tensor,
         ref: torch.Tensor | None,
-        idx: torch.Tensor,
         dummy: bool,
     ) -> tuple[torch.Tensor, ...]:
-        """One micro-batch's forward: (loss to differentiate, pg, clipped, kl, entropy, log π), per token."""
+        """One micro-batch's forward: (loss to differentiate, pg, clipped, kl, entropy, log π), per token of
+        its layout (``w``, ``a`` and ``ref`` already in it)."""
         cfg = self.config
         w = w * (0.0 if dummy else 1.0)
         m = mb.loss_mask_B_T
@@ -362,7 +477,7 @@ class Learner:
         per_tok = pg
         kl = torch.zeros_like(lp)
         if ref is not None:
-            kl = kl_k3(lp, ref[idx, : mb.seq_len])
+            kl = kl_k3(lp, ref)
             if cfg.kl_coef > 0:
                 per_tok = per_tok + cfg.kl_coef * kl
         if cfg.entropy_coef > 0:

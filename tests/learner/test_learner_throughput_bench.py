@@ -1,0 +1,28 @@
+"""benchmarks/learner_throughput.py runs end to end at toy size (the qwen-tiny shape: the CUDA configuration's
+code path on a CPU) and reports what the docs and the GPU script read."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "learner_throughput.py"
+
+
+def test_learner_throughput_benchmark_runs(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("learner_throughput", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out, md = tmp_path / "r.json", tmp_path / "r.md"
+    argv = ["--shape", "qwen-tiny", "--rows", "5", "--min-len", "8", "--max-len", "40", "--warmup", "0"]
+    argv += ["--reps", "1", "--micro-batch-tokens", "64", "--chunk-size", "16", "--bf16-autocast"]
+    assert bench.main([*argv, "--out", str(out), "--md", str(md)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    res = json.loads(out.read_text())
+    pad = res["variants"]["agentrl"]["padding"]
+    assert last == f"learner/floor: {res['learner_over_floor']:.2f}x, padding {pad:.0%}"
+    assert set(res["variants"]) == {"agentrl", "agentrl-padded", "floor"}
+    assert res["packed"] and res["variants"]["agentrl"]["padding"] <= res["padded_layout_padding"]
+    assert "| agentrl |" in md.read_text() and "learner/floor:" in md.read_text()
