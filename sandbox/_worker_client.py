@@ -454,8 +454,13 @@ class WorkerClient:
     async def _readable(self, fd: int, timeout: float) -> bool:
         """Wait until ``fd`` (a pidfd) polls readable, i.e. its process has exited; False on timeout."""
         fut: asyncio.Future[None] = self.loop.create_future()
+
+        def ready() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
         try:
-            self.loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
+            self.loop.add_reader(fd, ready)
         except OSError:
             return True  # not pollable (an old kernel): the outer process's exit is all we can wait for
         try:

@@ -300,3 +300,11 @@ async def run_self_test(target: SelfTestTarget) -> SelfTestReport:
 def clear_cache() -> None:
     """Forget cached self-test results (tests use this)."""
     _cache.clear()
+
+
+if (
+    __name__ == "__main__"
+):  # ``python -m agentrl.sandbox.selftest``: the same report as ``-m agentrl.sandbox``
+    import runpy
+
+    runpy.run_module("agentrl.sandbox", run_name="__main__")
