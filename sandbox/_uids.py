@@ -272,6 +272,9 @@ try:
     os.setgroups([]); os.setresgid(uid, uid, uid); os.setresuid(uid, uid, uid)
 except OSError as e: die("cannot switch to uid %d: %s" % (uid, e))
 if os.getuid() != uid or os.geteuid() != uid or os.getgroups(): die("uid switch did not stick")
+with open("/proc/self/status") as fh:
+    caps = [l.split()[1] for l in fh if l.startswith(("CapPrm:", "CapEff:", "CapAmb:"))]
+if any(int(c, 16) for c in caps): die("capabilities survived the uid switch: %s" % caps)
 try: os.execv(argv[0], argv)
 except OSError as e: die("cannot run %s as uid %d: %s" % (argv[0], uid, e))
 """

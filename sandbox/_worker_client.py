@@ -123,6 +123,7 @@ class WorkerClient:
         self.proc: asyncio.subprocess.Process | None = None
         self.cgroup: _cgroup.Cgroup | None = None
         self.uid_lease: _uids.UidLease | None = None
+        self._init_exit: asyncio.Future[None] | None = None
         self.ctl_w = self.res_r = self.out_r = self.err_r = self.info_r = -1
         self.pidfd = -1
         self.outer_pidfd = -1
@@ -451,26 +452,29 @@ class WorkerClient:
         if self.cgroup is not None:
             self.cgroup.kill_all()
 
-    async def _readable(self, fd: int, timeout: float) -> bool:
-        """Wait until ``fd`` (a pidfd) polls readable, i.e. its process has exited; False on timeout."""
-        fut: asyncio.Future[None] = self.loop.create_future()
+    async def _namespace_gone(self, timeout: float) -> bool:
+        """Wait until the namespace's init has exited (its pidfd polls readable); False on timeout. Shared
+        by concurrent cleanups: the loop keeps one reader per fd, so a second one would replace the first."""
+        if self._init_exit is None:
+            fd = self.pidfd
+            fut: asyncio.Future[None] = self.loop.create_future()
 
-        def ready() -> None:
-            if not fut.done():
-                fut.set_result(None)
+            def ready() -> None:
+                self.loop.remove_reader(fd)
+                if not fut.done():
+                    fut.set_result(None)
 
+            try:
+                self.loop.add_reader(fd, ready)
+            except OSError:
+                fut.set_result(None)  # not pollable (an old kernel): the outer process's exit must do
+            self._init_exit = fut
         try:
-            self.loop.add_reader(fd, ready)
-        except OSError:
-            return True  # not pollable (an old kernel): the outer process's exit is all we can wait for
-        try:
-            await asyncio.wait_for(fut, timeout)
+            await asyncio.wait_for(asyncio.shield(self._init_exit), timeout)
             return True
         except TimeoutError:
             log.warning("the sandbox's PID namespace did not empty within %g s after SIGKILL", timeout)
             return False
-        finally:
-            self.loop.remove_reader(fd)
 
     async def kill(self) -> None:
         """Kill every process of the worker and release its fds and cgroup."""
@@ -489,8 +493,8 @@ class WorkerClient:
         if self.uid_lease is not None and self.pidfd >= 0 and exited:
             # A PID namespace's init exits only after every other process in it is gone: once its pidfd
             # is readable, nothing of this sandbox runs under its uid any more.
-            exited = await self._readable(self.pidfd, 5.0)
-        for fd in (self.res_r, self.out_r, self.err_r, self.info_r):
+            exited = await self._namespace_gone(5.0)
+        for fd in (self.res_r, self.out_r, self.err_r, self.info_r, self.pidfd):
             if fd >= 0:
                 self.loop.remove_reader(fd)
         if self.ctl_w >= 0:
