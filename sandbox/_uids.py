@@ -39,6 +39,7 @@ __all__ = [
     "UidRange",
     "allocator",
     "blocked_dirs",
+    "closed_to_others",
     "resolve",
     "unusable_reason",
 ]
@@ -228,6 +229,21 @@ def blocked_dirs(paths: list[str]) -> dict[str, list[str]]:
                 if p not in out[d]:
                     out[d].append(p)
                 break
+    return out
+
+
+def closed_to_others(paths: list[str]) -> list[str]:
+    """The paths a fresh uid could not read itself (files without o+r, directories without o+rx): what a
+    sandbox binds must be readable by "other", since a worker's uid is nobody's owner or group."""
+    out = []
+    for p in paths:
+        try:
+            mode = os.stat(p).st_mode
+        except OSError:
+            continue
+        need = stat.S_IROTH | (stat.S_IXOTH if stat.S_ISDIR(mode) else 0)
+        if mode & need != need:
+            out.append(f"{p} (mode {stat.S_IMODE(mode):04o})")
     return out
 
 

@@ -127,6 +127,14 @@ class LocalSandbox(SessionBackend[WorkerClient]):
         self._seccomp = None if "seccomp" in self._disabled else _seccomp.deny_filter()
         self._uid_range = _uids.resolve(host_uids)
         self._uid_problem = _uids.unusable_reason(self._uid_range)
+        closed = _uids.closed_to_others(self._ro_binds) if self.host_uids is not None else []
+        if closed:
+            raise ConfigError(
+                f"ro_binds {closed} are not readable by other users: as root each sandbox runs under its own "
+                f"unprivileged host uid ({_uids.ENV_VAR}), which reads them as 'other'. Make them readable "
+                f"(chmod o+rX; closed parent directories such as /root are fine) or set {_uids.ENV_VAR}=off "
+                "where a pids cgroup is writable"
+            )
         super().__init__()
 
     # -- configuration -----------------------------------------------------------------------------
@@ -188,6 +196,9 @@ class LocalSandbox(SessionBackend[WorkerClient]):
         if "memory" in failed:
             tips.append(f"the memory limit did not trip: {no_cgroup or 'check RLIMIT_AS and the cgroup'}")
         if "start" in failed and uids is not None:
+            closed = _uids.closed_to_others(python_layout()[1])
+            if closed:
+                tips.append(f"the interpreter's directories {closed} are not readable by other users")
             tips.append(
                 f"as root the sandbox runs bubblewrap as an unprivileged uid from {uids}: that needs "
                 "unprivileged user namespaces (sysctl user.max_user_namespaces > 0; on Ubuntu 24.04 an "

@@ -35,6 +35,17 @@ run "default: host uids + whatever cgroup is writable" "$PY" -m agentrl.sandbox
 run "cgroups only (AGENTRL_SANDBOX_UIDS=off)" env AGENTRL_SANDBOX_UIDS=off "$PY" -m agentrl.sandbox
 run "host uids only (cgroup hierarchy hidden)" unshare -m sh -c "mount -t tmpfs none /sys/fs/cgroup && exec $PY -m agentrl.sandbox"
 run "neither (must FAIL, exit 1)" unshare -m sh -c "mount -t tmpfs none /sys/fs/cgroup && AGENTRL_SANDBOX_UIDS=off exec $PY -m agentrl.sandbox"
+if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+  # cgroup v2: a process alone in a cgroup of its own moves into a leaf so the group can delegate controllers.
+  T=/sys/fs/cgroup/agentrl-leaf-test
+  run "cgroup v2, alone in a fresh cgroup (moves into a leaf), uids off" env AGENTRL_SANDBOX_UIDS=off "$PY" -c "
+import os, runpy, sys
+os.makedirs('$T', exist_ok=True)
+with open('$T/cgroup.procs', 'w') as f: f.write(str(os.getpid()))
+sys.argv = ['agentrl.sandbox']
+runpy.run_module('agentrl.sandbox', run_name='__main__')"
+  find "$T" -depth -type d -exec rmdir {} \; 2>/dev/null; ls -d "$T" 2>/dev/null && echo "left behind: $T"
+fi
 cat > /tmp/agentrl-forkbomb.py <<'PYEOF'
 import asyncio, time
 from agentrl.sandbox import LocalSandbox, Limits

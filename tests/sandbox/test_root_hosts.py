@@ -67,6 +67,17 @@ def test_uid_ranges_parse_and_reject_bad_input(monkeypatch):
 
 
 @as_root
+def test_ro_binds_closed_to_other_users_are_refused_under_host_uids(tmp_path):
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    with pytest.raises(ConfigError, match=r"not readable by other users.*chmod o\+rX"):
+        LocalSandbox(ro_binds=[closed], self_test=False)
+    LocalSandbox(ro_binds=[closed], self_test=False, host_uids="off")  # maps to root: the owner reads it
+    closed.chmod(0o755)
+    LocalSandbox(ro_binds=[closed], self_test=False)
+
+
+@as_root
 def test_uids_are_distinct_within_and_across_processes():
     r = _uids.UidRange(2147100000, 2147100001)  # two uids, only for this test
     a = _uids.allocator(r).acquire()
