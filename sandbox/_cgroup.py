@@ -193,11 +193,11 @@ class CgroupManager:
     def _setup_v2_auto(self, base: Path, name: str) -> None:
         """Own cgroup, own cgroup after moving into a leaf, or an ancestor that delegates (see the module
         docstring); ``self.reason`` lists why each failed."""
-        tried = [self._setup_v2(base / name, delegated_root=base)]
+        first = self._setup_v2(base / name, delegated_root=base)
         if self.version:
             return
-        if tried[0] == errno.EBUSY and self._move_into_leaf(base):
-            tried.append(self._setup_v2(base / name, delegated_root=base))
+        if first == errno.EBUSY and self._move_into_leaf(base):
+            self._setup_v2(base / name, delegated_root=base)
             if self.version:
                 return
         reasons = [self.reason]
