@@ -250,7 +250,7 @@ def closed_to_others(paths: list[str]) -> list[str]:
 # Run as root by ``python -I -S -c LAUNCHER CONFIG_JSON -- ARGV...``. Fails with exit status 125 and a
 # message on stderr (which the host shows as the start failure) rather than ever running ARGV half-set-up.
 LAUNCHER = r"""
-import ctypes, json, os, sys
+import json, os, sys
 def die(msg):
     os.write(2, ("agentrl sandbox launcher: %s\n" % msg).encode()); os._exit(125)
 cfg = json.loads(sys.argv[1]); argv = sys.argv[3:]
@@ -260,6 +260,7 @@ for f in cfg["cgroups"]:
         with open(f, "w") as fh: fh.write(pid)
     except OSError as e: die("cannot join cgroup %s: %s" % (f, e))
 if cfg["expose"]:
+    import ctypes  # only here: importing it costs more than the rest of the launcher
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
     libc.unshare.argtypes = [ctypes.c_int]

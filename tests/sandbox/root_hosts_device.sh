@@ -60,3 +60,5 @@ asyncio.run(main())
 PYEOF
 run "fork bomb, default configuration" "$PY" /tmp/agentrl-forkbomb.py
 run "fork bomb, cgroup hierarchy hidden" unshare -m sh -c "mount -t tmpfs none /sys/fs/cgroup && exec $PY /tmp/agentrl-forkbomb.py"
+echo; echo "== start cost of host uids (one-shot sandboxes, serial)"
+timeout 120 "$PY" "$REPO/benchmarks/sandbox_host_uids.py" --n 30
