@@ -7,7 +7,9 @@ returns a valid :class:`~agentrl.env.StepResult` (or Gymnasium's 5-tuple, read b
 and tool records of the right types; bad actions (empty text, garbage, a malformed tool call) are answered,
 not raised; the env's own :meth:`~agentrl.Env.sample_actions` (a right episode, where it declares one)
 runs its tools without a failure and scores above 0; a seeded episode with plain-text answers ends (else a
-warning); a seeded episode is reproducible step by step.
+warning); a seeded episode is reproducible step by step. A tool call that ends with ``sandbox_error`` in any
+of these steps fails the check with :class:`~agentrl.errors.SandboxError`: the sandbox could not run the
+code here (it failed its self-test, or could not start), which a training run would meet on every episode.
 
 A ``step`` that raises is reported as an environment error: the rollout would end such episodes as
 ``env_error`` and never train on them. That is right only when the env itself is broken; a bad action must
@@ -21,7 +23,7 @@ from typing import Any
 
 from agentrl._sync import run_sync
 from agentrl.env import Env, StepResult, as_step_result
-from agentrl.errors import EnvContractError
+from agentrl.errors import EnvContractError, SandboxError
 from agentrl.types import Action, Message, ToolStatus
 
 __all__ = ["acheck_env", "check_env"]
@@ -91,9 +93,18 @@ async def _step(env: Env, action: Action, name: str) -> StepResult:
             "it with a message and a reward instead"
         ) from e
     try:
-        return as_step_result(out)
+        res = as_step_result(out)
     except EnvContractError as e:
         raise EnvContractError(f"{name}.{e}") from None
+    for c in res.tool_calls:
+        if c.status is ToolStatus.SANDBOX_ERROR:
+            # Infrastructure, not the env's contract: a run here would lose every episode that runs code.
+            raise SandboxError(
+                f"{name}: the tool call {c.name!r} could not run its code: sandbox_error: "
+                f"{(c.detail or c.output)[:500]!r}. The env's tools need a sandbox that works on this host "
+                "(python -m agentrl.sandbox says why the local one does not)"
+            )
+    return res
 
 
 async def _sample_episode(env: Env, seed: int, name: str) -> None:

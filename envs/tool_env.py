@@ -54,7 +54,7 @@ from agentrl import (
     ToolRecord,
     ToolStatus,
 )
-from agentrl.errors import ConfigError, EnvContractError
+from agentrl.errors import ConfigError, EnvContractError, SandboxError
 from agentrl.tools import ParsedTurn, ToolCallParser, ToolExecutor, get_parser, parse_number
 
 __all__ = ["SandboxFactory", "SandboxSource", "Task", "ToolEnv"]
@@ -243,6 +243,20 @@ class ToolEnv(Env):
         self.done = True
 
     # -- sandbox sessions --------------------------------------------------------------------------------
+    async def check_sandbox(self) -> None:
+        """Start one sandbox session the way this env's episodes do and run a line of code in it; raise
+        :class:`~agentrl.errors.SandboxError` when it cannot (``agentrl check`` calls this up front, since
+        an episode would only record the failure as ``sandbox_error``). Nothing to do when no tool needs
+        one."""
+        if not self._needs_sandbox:
+            return
+        async with self._fresh_sandbox() as sandbox:
+            r = await sandbox.run("print(6 * 7)")
+        if r.status is not ToolStatus.OK or r.stdout != "42\n":
+            raise SandboxError(
+                f"the sandbox started but could not run print(6 * 7): {r.status.value} {r.message}"
+            )
+
     async def _session(self) -> AbstractAsyncContextManager[Sandbox]:
         """A context manager whose ``__aenter__`` yields this episode's session and whose ``__aexit__``
         ends it: a borrowed pool slot, or a new sandbox (sandboxes are their own context managers)."""

@@ -5,19 +5,31 @@ launcher writes its own PID into ``cgroup.procs`` *before* it execs bubblewrap, 
 runs outside the group. Where nothing is writable (an unprivileged user, a v2 host without delegation), the
 manager reports that and the caller falls back to rlimits; the startup self-test then decides whether the
 remaining limits are good enough.
+
+cgroup v2 forbids controllers in the subtree of a group that holds processes itself (the "no internal
+processes" rule; only the hierarchy's root is exempt). A trainer usually sits in such a leaf (a session
+scope, a container's or VM agent's cgroup), so on v2, in order: ``$AGENTRL_CGROUP_PARENT`` when set; else the
+own cgroup, after moving this process into a leaf of its own (``agentrl-host-<pid>``) when it is the only
+process there; else the nearest ancestor that already delegates the memory and pids controllers (the root,
+or a systemd slice), where this process may create a child (root, or a delegated subtree). Nothing is
+enabled on a group that did not have it already except in our own cgroup.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import itertools
+import logging
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["Cgroup", "CgroupManager", "manager"]
+
+log = logging.getLogger(__name__)
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -174,28 +186,87 @@ class CgroupManager:
                 _remove_tree(d)
             return
         if "unified" in own and (_CGROUP_ROOT / "cgroup.controllers").exists():
-            base = _CGROUP_ROOT / own["unified"].lstrip("/")
-            self._setup_v2(base / name, delegated_root=base)
+            self._setup_v2_auto(_CGROUP_ROOT / own["unified"].lstrip("/"), name)
             return
         self.reason = self.reason or "no writable memory+pids cgroup hierarchy found"
 
-    def _setup_v2(self, parent: Path, delegated_root: Path) -> None:
+    def _setup_v2_auto(self, base: Path, name: str) -> None:
+        """Own cgroup, own cgroup after moving into a leaf, or an ancestor that delegates (see the module
+        docstring); ``self.reason`` lists why each failed."""
+        first = self._setup_v2(base / name, delegated_root=base)
+        if self.version:
+            return
+        if first == errno.EBUSY and self._move_into_leaf(base):
+            self._setup_v2(base / name, delegated_root=base)
+            if self.version:
+                return
+        reasons = [self.reason]
+        anc = base.parent
+        while self._is_under_root(anc):
+            try:
+                enabled = set(_read(anc / "cgroup.subtree_control").split())
+            except OSError:
+                enabled = set()
+            if {"memory", "pids"} <= enabled:
+                self._setup_v2(anc / name, delegated_root=anc, enable_root=False)
+                if self.version:
+                    log.info("sandbox cgroups live under %s, outside this process's own %s", anc, base)
+                    return
+                reasons.append(self.reason)
+                break
+            if anc == _CGROUP_ROOT:
+                break
+            anc = anc.parent
+        self.reason = "; ".join(r for r in reasons if r)
+
+    @staticmethod
+    def _is_under_root(p: Path) -> bool:
+        return p == _CGROUP_ROOT or _CGROUP_ROOT in p.parents
+
+    def _move_into_leaf(self, base: Path) -> bool:
+        """Move this process into ``base/agentrl-host-<pid>`` when it is alone in ``base``, so that ``base``
+        may delegate controllers; True when moved."""
+        me = os.getpid()
+        try:
+            procs = {int(x) for x in _read(base / "cgroup.procs").split()}
+        except (OSError, ValueError):
+            return False
+        if procs != {me}:
+            others = sorted(procs - {me})[:5]
+            self.reason += f" (other processes share {base}: {others}; not moving them)"
+            return False
+        leaf = base / f"agentrl-host-{me}"
+        try:
+            leaf.mkdir(exist_ok=True)
+            _write(leaf / "cgroup.procs", str(me))
+        except OSError as e:
+            self.reason += f" (cannot move this process into {leaf}: {e.strerror})"
+            _remove_tree(leaf)
+            return False
+        log.info("moved this process into %s so that %s can hold per-sandbox cgroups", leaf, base)
+        return True
+
+    def _setup_v2(self, parent: Path, delegated_root: Path, enable_root: bool = True) -> int:
+        """Make ``parent`` (a child of ``delegated_root``) with memory and pids delegated to its children;
+        0 on success, else the errno (and ``self.reason``)."""
         self._sweep(delegated_root)
         try:
             ctrls = _read(delegated_root / "cgroup.controllers").split()
             if not {"memory", "pids"} <= set(ctrls):
                 self.reason = f"cgroup v2 at {delegated_root} lacks the memory/pids controllers"
-                return
-            # Fails with EBUSY when the parent holds processes itself (the "no internal process" rule).
-            _write(delegated_root / "cgroup.subtree_control", "+memory +pids")
+                return errno.ENOENT
+            if enable_root:
+                # Fails with EBUSY when the group holds processes itself (the "no internal process" rule).
+                _write(delegated_root / "cgroup.subtree_control", "+memory +pids")
             parent.mkdir(exist_ok=True)
             _write(parent / "cgroup.subtree_control", "+memory +pids")
         except OSError as e:
             self.reason = f"cannot delegate cgroup v2 controllers under {delegated_root}: {e.strerror}"
             _remove_tree(parent)
-            return
+            return e.errno or errno.EIO
         self.version, self.parents = 2, {"unified": parent}
         atexit.register(self.cleanup)
+        return 0
 
     @staticmethod
     def _sweep(base: Path) -> None:
@@ -205,7 +276,7 @@ class CgroupManager:
         except OSError:
             return
         for d in entries:
-            m = re.fullmatch(r"agentrl-(\d+)", d.name)
+            m = re.fullmatch(r"agentrl-(?:host-)?(\d+)", d.name)
             if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
                 _remove_tree(d)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from agentrl.errors import SandboxError
 
-from . import _cgroup
+from . import _cgroup, _uids
 from ._output import Capture, decode
 from ._protocol import Outcome, frame, parse_line, worker_code
 
@@ -56,8 +56,9 @@ class LaunchFds:
 class WorkerLaunch:
     """Everything :class:`WorkerClient` needs to start one worker; built by the sandbox that owns it."""
 
-    argv: Callable[[LaunchFds, _cgroup.Cgroup | None], list[str]]
-    """The command line, given the child's fds and the cgroup it must join (None: no cgroup)."""
+    argv: Callable[[LaunchFds, _cgroup.Cgroup | None, int | None], list[str]]
+    """The command line, given the child's fds, the cgroup it must join (None: no cgroup) and the host uid
+    it must switch to (None: keep this process's)."""
     config: Mapping[str, Any]
     """The worker's configuration frame (the client adds the result fd)."""
     hard_cap: int
@@ -69,6 +70,8 @@ class WorkerLaunch:
     cgroup: tuple[int | None, int | None] | None = None
     """(memory bytes, pids) for a fresh cgroup; None entries leave that controller unlimited; None: no
     cgroup at all."""
+    host_uids: _uids.UidRange | None = None
+    """Run the worker under its own host uid from this range (root only; None: this process's uid)."""
 
 
 def _pipe() -> tuple[int, int]:
@@ -119,6 +122,8 @@ class WorkerClient:
         self.loop = asyncio.get_running_loop()
         self.proc: asyncio.subprocess.Process | None = None
         self.cgroup: _cgroup.Cgroup | None = None
+        self.uid_lease: _uids.UidLease | None = None
+        self._init_exit: asyncio.Future[None] | None = None
         self.ctl_w = self.res_r = self.out_r = self.err_r = self.info_r = -1
         self.pidfd = -1
         self.outer_pidfd = -1
@@ -155,7 +160,10 @@ class WorkerClient:
             if launch.seccomp is not None:
                 seccomp_fd = _data_fd(launch.seccomp)
                 child_fds.append(seccomp_fd)
-            argv = launch.argv(LaunchFds(ctl_r, res_w, info_w, data_fds, seccomp_fd), self.cgroup)
+            if launch.host_uids is not None:
+                self.uid_lease = _uids.allocator(launch.host_uids).acquire()
+            uid = self.uid_lease.uid if self.uid_lease is not None else None
+            argv = launch.argv(LaunchFds(ctl_r, res_w, info_w, data_fds, seccomp_fd), self.cgroup, uid)
             self.proc = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -164,6 +172,7 @@ class WorkerClient:
                 pass_fds=child_fds,
                 env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "LANG": "C.UTF-8"},
                 close_fds=True,
+                cwd="/",  # the sandbox's uid may not be allowed into this process's working directory
             )
         except BaseException:
             for fd in child_fds:
@@ -443,6 +452,30 @@ class WorkerClient:
         if self.cgroup is not None:
             self.cgroup.kill_all()
 
+    async def _namespace_gone(self, timeout: float) -> bool:
+        """Wait until the namespace's init has exited (its pidfd polls readable); False on timeout. Shared
+        by concurrent cleanups: the loop keeps one reader per fd, so a second one would replace the first."""
+        if self._init_exit is None:
+            fd = self.pidfd
+            fut: asyncio.Future[None] = self.loop.create_future()
+
+            def ready() -> None:
+                self.loop.remove_reader(fd)
+                if not fut.done():
+                    fut.set_result(None)
+
+            try:
+                self.loop.add_reader(fd, ready)
+            except OSError:
+                fut.set_result(None)  # not pollable (an old kernel): the outer process's exit must do
+            self._init_exit = fut
+        try:
+            await asyncio.wait_for(asyncio.shield(self._init_exit), timeout)
+            return True
+        except TimeoutError:
+            log.warning("the sandbox's PID namespace did not empty within %g s after SIGKILL", timeout)
+            return False
+
     async def kill(self) -> None:
         """Kill every process of the worker and release its fds and cgroup."""
         self.signal_kill()
@@ -450,12 +483,18 @@ class WorkerClient:
 
     async def cleanup(self) -> None:
         """Wait for the (killed) process, then release its fds and cgroup."""
+        exited = True
         if self.waiter is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self.waiter), 5.0)
             except TimeoutError:
+                exited = False
                 log.warning("sandbox process %s did not exit after SIGKILL", self.proc and self.proc.pid)
-        for fd in (self.res_r, self.out_r, self.err_r, self.info_r):
+        if self.uid_lease is not None and self.pidfd >= 0 and exited:
+            # A PID namespace's init exits only after every other process in it is gone: once its pidfd
+            # is readable, nothing of this sandbox runs under its uid any more.
+            exited = await self._namespace_gone(5.0)
+        for fd in (self.res_r, self.out_r, self.err_r, self.info_r, self.pidfd):
             if fd >= 0:
                 self.loop.remove_reader(fd)
         if self.ctl_w >= 0:
@@ -475,3 +514,7 @@ class WorkerClient:
                 await asyncio.sleep(0.005)
             else:
                 log.warning("could not remove sandbox cgroup %s", cg.dirs)
+        if self.uid_lease is not None and exited:
+            # A worker that did not exit keeps its uid: a leaked uid is better than two sandboxes sharing one.
+            lease, self.uid_lease = self.uid_lease, None
+            lease.release()

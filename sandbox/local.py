@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -31,14 +32,14 @@ from agentrl.errors import ConfigError, SandboxError
 from agentrl.execution import ExecResult, Limits
 from agentrl.types import ToolStatus
 
-from . import _cgroup, _seccomp
+from . import _cgroup, _seccomp, _uids
 from ._common import SessionBackend, check_request, spawn_background
 from ._layout import SANDBOX_UID, python_layout, sandbox_env
 from ._protocol import BOOTSTRAP, worker_code
 from ._worker_client import LaunchFds, WorkerClient, WorkerLaunch
 from .selftest import SelfTestReport, SelfTestTarget, ensure_self_test, run_self_test
 
-__all__ = ["LIMIT_NAMES", "LocalSandbox", "find_bwrap", "self_test"]
+__all__ = ["BWRAP_ENV", "LIMIT_NAMES", "LocalSandbox", "find_bwrap", "self_test"]
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,19 @@ LIMIT_NAMES = frozenset({"wall", "memory", "processes", "file_size", "network", 
 """Names accepted by ``disable_limits`` (used to prove that the self-test fails closed)."""
 
 
+BWRAP_ENV = "AGENTRL_BWRAP"
+"""Environment variable naming the bubblewrap binary (e.g. one unpacked from its .deb with ``dpkg -x``)."""
+
+
 def find_bwrap() -> str | None:
-    """Path of the bubblewrap binary, or None when it is not installed."""
+    """Path of the bubblewrap binary: ``$AGENTRL_BWRAP``, else ``bwrap`` on ``PATH``, else ``/usr/bin/bwrap``;
+    None when none is there. A set but unusable ``$AGENTRL_BWRAP`` is an error, not a silent fallback."""
+    given = os.environ.get(BWRAP_ENV, "").strip()
+    if given:
+        path = os.path.abspath(given)
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise ConfigError(f"{BWRAP_ENV}={given!r} is not an executable file")
+        return path
     return shutil.which("bwrap") or ("/usr/bin/bwrap" if os.access("/usr/bin/bwrap", os.X_OK) else None)
 
 
@@ -67,6 +79,11 @@ class LocalSandbox(SessionBackend[WorkerClient]):
         disable_limits: names from :data:`LIMIT_NAMES` to switch off. Exists to prove that the self-test
             fails closed; a sandbox built with it refuses to start unless ``unsafe=True``.
         self_test: run (or reuse) the process-wide startup self-test before the first start.
+        host_uids: when this process is root, each worker runs under its own unprivileged host uid from
+            this range, so that ``RLIMIT_NPROC`` limits one sandbox's processes (it never applies to uid 0)
+            even where no pids cgroup can be made. A :class:`~agentrl.sandbox._uids.UidRange`,
+            ``"FIRST-LAST"`` or ``"off"``; default ``$AGENTRL_SANDBOX_UIDS``, else 2147000000-2147065535.
+            Ignored when not root (the process's own uid is then not 0).
     """
 
     def __init__(
@@ -81,6 +98,7 @@ class LocalSandbox(SessionBackend[WorkerClient]):
         start_timeout: float = 10.0,
         disable_limits: Collection[str] = (),
         self_test: bool = True,
+        host_uids: _uids.UidRange | str | None = None,
     ):
         self._limits = limits if limits is not None else Limits()
         if not isinstance(self._limits, Limits):
@@ -107,6 +125,16 @@ class LocalSandbox(SessionBackend[WorkerClient]):
         self._start_timeout = float(start_timeout)
         self._run_self_test = bool(self_test)
         self._seccomp = None if "seccomp" in self._disabled else _seccomp.deny_filter()
+        self._uid_range = _uids.resolve(host_uids)
+        self._uid_problem = _uids.unusable_reason(self._uid_range)
+        closed = _uids.closed_to_others(self._ro_binds) if self.host_uids is not None else []
+        if closed:
+            raise ConfigError(
+                f"ro_binds {closed} are not readable by other users: as root each sandbox runs under its own "
+                f"unprivileged host uid ({_uids.ENV_VAR}), which reads them as 'other'. Make them readable "
+                f"(chmod o+rX; closed parent directories such as /root are fine) or set {_uids.ENV_VAR}=off "
+                "where a pids cgroup is writable"
+            )
         super().__init__()
 
     # -- configuration -----------------------------------------------------------------------------
@@ -120,9 +148,14 @@ class LocalSandbox(SessionBackend[WorkerClient]):
         """The running worker, if any (tests reach in to kill it)."""
         return self._session
 
+    @property
+    def host_uids(self) -> _uids.UidRange | None:
+        """The host uid range workers run under, or None when they keep this process's uid."""
+        return None if self._uid_problem else self._uid_range
+
     def config_key(self) -> tuple[Any, ...]:
         """What the self-test result depends on (limits differ only in size, so they are not part of it)."""
-        return ("local", self._disabled, tuple(self._ro_binds))
+        return ("local", self._disabled, tuple(self._ro_binds), self.host_uids is not None)
 
     def self_test_target(self) -> SelfTestTarget:
         """This configuration as the self-test sees it: throw-away probes with the same options."""
@@ -135,9 +168,45 @@ class LocalSandbox(SessionBackend[WorkerClient]):
                 ro_binds=self._ro_binds,
                 env=self._extra_env,
                 self_test=False,
+                host_uids=self._uid_range if self._uid_range is not None else "off",
             )
 
-        return SelfTestTarget(self.config_key(), probe, extra_env=self._extra_env, unsafe=self._unsafe)
+        return SelfTestTarget(
+            self.config_key(), probe, extra_env=self._extra_env, unsafe=self._unsafe, advice=self._advice
+        )
+
+    def _advice(self, failed: Sequence[str]) -> str:
+        """What the host lacks, and what to do, for the self-test checks that failed."""
+        cg = _cgroup.manager()
+        no_cgroup = "" if cg.available else f"no per-sandbox cgroup ({cg.reason})"
+        uids = self.host_uids
+        tips: list[str] = []
+        if "processes" in failed:
+            why = (
+                "; ".join(x for x in (no_cgroup, self._uid_problem if os.geteuid() == 0 else "") if x)
+                or "the pids cgroup or RLIMIT_NPROC did not stop a fork loop"
+            )
+            tips.append(
+                f"nothing limits the number of processes here: {why}. Fix one of: run as root with "
+                f"per-sandbox host uids ({_uids.ENV_VAR}=FIRST-LAST, on unless 'off'), run as an "
+                "unprivileged user, point AGENTRL_CGROUP_PARENT at a writable cgroup v2 directory with "
+                "the memory and pids controllers, or use DockerSandbox / E2BSandbox (sandbox/README.md, "
+                "'Which host can run which backend')"
+            )
+        if "memory" in failed:
+            tips.append(f"the memory limit did not trip: {no_cgroup or 'check RLIMIT_AS and the cgroup'}")
+        if "start" in failed and uids is not None:
+            closed = _uids.closed_to_others(python_layout()[1])
+            if closed:
+                tips.append(f"the interpreter's directories {closed} are not readable by other users")
+            tips.append(
+                f"as root the sandbox runs bubblewrap as an unprivileged uid from {uids}: that needs "
+                "unprivileged user namespaces (sysctl user.max_user_namespaces > 0; on Ubuntu 24.04 an "
+                "AppArmor profile for bwrap or kernel.apparmor_restrict_unprivileged_userns=0) and a "
+                f"bwrap binary outside directories closed to other users ({BWRAP_ENV}); "
+                f"{_uids.ENV_VAR}=off runs it as root instead (then a pids cgroup is required)"
+            )
+        return " | ".join(tips)
 
     def _launch(self) -> WorkerLaunch:
         lim = self._limits
@@ -156,6 +225,7 @@ class LocalSandbox(SessionBackend[WorkerClient]):
             data_files={"passwd": passwd.encode(), "group": group.encode()},
             seccomp=self._seccomp,
             cgroup=(mem, pids),
+            host_uids=self.host_uids,
         )
 
     def _worker_config(self) -> dict[str, Any]:
@@ -166,8 +236,9 @@ class LocalSandbox(SessionBackend[WorkerClient]):
         if "file_size" not in self._disabled:
             rlimits["FSIZE"] = lim.file_size_bytes
         if "processes" not in self._disabled:
-            # Counted per user namespace here; ignored when the sandbox maps to host root (the pids
-            # cgroup covers that case).
+            # Counted per host uid: each worker's own when root switches uids (host_uids), this
+            # process's when not root; ignored when the sandbox maps to host root (then only the pids
+            # cgroup limits processes, and the self-test fails closed without one).
             rlimits["NPROC"] = lim.max_processes
         _, _, sys_path = python_layout()
         return {
@@ -177,8 +248,9 @@ class LocalSandbox(SessionBackend[WorkerClient]):
             "kill_strays": True,
         }
 
-    def _argv(self, fds: LaunchFds, cgroup: _cgroup.Cgroup | None) -> list[str]:
-        """The command line: the cgroup shim, then bubblewrap with the sandbox's layout, then the worker."""
+    def _argv(self, fds: LaunchFds, cgroup: _cgroup.Cgroup | None, host_uid: int | None) -> list[str]:
+        """The command line: the launcher (cgroups, host uid), then bubblewrap with the sandbox's layout,
+        then the worker."""
         bwrap = find_bwrap()
         if bwrap is None:
             raise SandboxError(
@@ -215,6 +287,14 @@ class LocalSandbox(SessionBackend[WorkerClient]):
         if fds.seccomp >= 0:
             a += ["--seccomp", str(fds.seccomp)]
         a += ["--", exe, "-I", "-S", "-c", BOOTSTRAP, str(len(worker_code())), str(fds.ctl_r)]
+        if host_uid is not None:
+            # Root: join the cgroups, make the binds reachable, drop to the worker's own uid, exec bwrap.
+            cfg = {
+                "uid": host_uid,
+                "cgroups": [str(f) for f in cgroup.procs_files] if cgroup is not None else [],
+                "expose": _uids.blocked_dirs([*binds, *self._ro_binds, bwrap]),
+            }
+            return [exe, "-I", "-S", "-c", _uids.LAUNCHER, json.dumps(cfg), "--", *a]
         if cgroup is not None and cgroup.procs_files:
             # Join the cgroups *before* exec'ing bwrap so nothing in the sandbox ever runs outside them.
             shim = (

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -97,6 +97,8 @@ class SelfTestTarget:
     """Variables the configuration adds to the sandbox's environment allow-list."""
     unsafe: bool = False
     """Start anyway, with a warning, when a limit does not trip (never in training)."""
+    advice: Callable[[Sequence[str]], str] | None = None
+    """Given the failed checks' names, what the host lacks and what to do (added to the refusal)."""
 
 
 # Runs inside the sandbox; prints one "name=ok|FAIL detail" line per check.
@@ -280,9 +282,11 @@ async def ensure_self_test(target: SelfTestTarget) -> SelfTestReport:
         if target.unsafe:
             log.warning("starting an UNSAFE sandbox although limits %s did not trip", report.failed)
         else:
+            advice = target.advice(report.failed) if target.advice is not None else ""
             raise SandboxSelfTestError(
                 "the sandbox self-test failed, refusing to start (pass unsafe=True to override): "
                 + "; ".join(f"{n}: {report.checks[n][1]}" for n in report.failed)
+                + (f". {advice}" if advice else "")
             )
     return report
 
@@ -296,3 +300,11 @@ async def run_self_test(target: SelfTestTarget) -> SelfTestReport:
 def clear_cache() -> None:
     """Forget cached self-test results (tests use this)."""
     _cache.clear()
+
+
+if (
+    __name__ == "__main__"
+):  # ``python -m agentrl.sandbox.selftest``: the same report as ``-m agentrl.sandbox``
+    import runpy
+
+    runpy.run_module("agentrl.sandbox", run_name="__main__")

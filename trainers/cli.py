@@ -107,7 +107,9 @@ def _check(ns: argparse.Namespace) -> int:
         raise ConfigError("--env-kwargs must be a JSON object")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        agentrl.check_env(agentrl.make(ns.env, **kwargs), seed=ns.seed)
+        env = agentrl.make(ns.env, **kwargs)
+        _check_sandbox(ns.env, env)
+        agentrl.check_env(env, seed=ns.seed)
         print(f"{ns.env}: agentrl check_env passed")
         if not ns.no_gymnasium:
             from gymnasium.utils.env_checker import check_env as gymnasium_check
@@ -125,6 +127,24 @@ def _check(ns: argparse.Namespace) -> int:
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
     return 0
+
+
+def _check_sandbox(env_id: str, env: object) -> None:
+    """An env whose tools run code fails the check when its sandbox cannot start here: its episodes would
+    all end in ``sandbox_error``, whether or not the env declares a sample episode that runs code."""
+    from agentrl.envs.tool_env import ToolEnv
+    from agentrl.errors import SandboxError
+
+    if not (isinstance(env, ToolEnv) and env.needs_sandbox):
+        return
+    try:
+        asyncio.run(env.check_sandbox())
+    except SandboxError as e:
+        raise SandboxError(
+            f"{env_id}: its tools run code in a sandbox, and none can run here: {e}. "
+            "`python -m agentrl.sandbox` prints what this host lacks"
+        ) from e
+    print(f"{env_id}: the sandbox starts and runs code here")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -142,6 +142,9 @@ async def test_sandboxes_do_not_share_scratch_or_processes(make_local):
 
 
 async def test_ro_binds_expose_host_data_read_only(tmp_path):
+    # Readable by others: as root the sandbox runs under its own host uid. pytest's closed (0700) base
+    # directory above it is fine: the launcher opens it for exactly this path.
+    tmp_path.chmod(0o755)
     (tmp_path / "data.txt").write_text("42")
     async with LocalSandbox(SMALL, ro_binds=[tmp_path]) as sb:
         r = await sb.run(f"open({str(tmp_path / 'data.txt')!r}).read()")
