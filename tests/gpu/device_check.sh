@@ -20,11 +20,11 @@ part() {  # part NAME SECONDS CMD...: run with a limit, log to $OUT/NAME.log, re
   status[$name]="rc=$rc $(( $(date +%s) - s ))s"
   echo "== $name: ${status[$name]}"; tail -n 25 "$OUT/$name.log"
 }
-part sandbox 60 python3 -m agentrl.sandbox.selftest
-part gpu_tests 240 python3 -m pytest -m gpu tests/gpu -rA -q -p no:cacheprovider -o addopts="" --timeout 200
-part precision 90 python3 benchmarks/precision_cuda.py --device cuda --json "$OUT/precision.json"
+part sandbox 60 python3 -m agentrl.sandbox
+part gpu_tests 170 python3 -m pytest -m gpu tests/gpu -rA -q -p no:cacheprovider -o addopts="" --timeout 160
+part precision 50 python3 benchmarks/precision_cuda.py --device cuda --json "$OUT/precision.json"
 if [ -f benchmarks/learner_throughput.py ]; then
-  part throughput 170 python3 benchmarks/learner_throughput.py --device cuda --quick --out "$OUT/throughput.json"
+  part throughput 130 python3 benchmarks/learner_throughput.py --device cuda --quick --out "$OUT/throughput.json" --md "$OUT/learner.md"
 fi
 echo; echo "| part | result |"; echo "|---|---|"
 for k in "${!status[@]}"; do echo "| $k | ${status[$k]} |"; done
