@@ -45,6 +45,7 @@ __all__ = [
     "pass_at_k",
     "run_held_out",
     "run_settings",
+    "split_label",
     "write_comparison",
 ]
 
@@ -254,10 +255,16 @@ async def evaluate_policy(
     )
 
 
+def split_label(split: str | None) -> str:
+    """How a report names where its tasks came from: an env without a ``split`` argument has no held-out
+    tasks, only other seeds of the one distribution it trains on (they may repeat training tasks)."""
+    return f"{split} split" if split else "all tasks, no test split"
+
+
 def format_report(report: EvalReport) -> str:
     """One line: pass@1 with its interval, pass@k, mean reward."""
     return (
-        f"{report.env} ({report.split or 'all'}): {report.tasks} tasks x {report.samples_per_task}: "
+        f"{report.env} ({split_label(report.split)}): {report.tasks} tasks x {report.samples_per_task}: "
         f"pass@1={report.pass_at_1:.3f} [95% CI {report.pass_at_1_low:.3f}-{report.pass_at_1_high:.3f}] "
         f"pass@{report.samples_per_task}={report.pass_at_k:.3f} mean reward={report.mean_reward:.3f} "
         f"infra failures={report.infra_failures}"
@@ -396,7 +403,9 @@ async def run_held_out(
     )
     took = time.perf_counter() - t0
     path.write_text(json.dumps({"label": label, "seconds": took, "report": config_to_dict(report)}) + "\n")
-    print(f"held-out eval, {label} ({took:.0f}s): {format_report(report)}", flush=True)
+    # Held out only when the env has a test split; otherwise say what it is (docs/writing-environments.md).
+    kind = "held-out eval" if split else "eval (the env has no test split, so these tasks are not held out)"
+    print(f"{kind}, {label} ({took:.0f}s): {format_report(report)}", flush=True)
     return report
 
 
@@ -410,8 +419,9 @@ def write_comparison(run_dir: Path, before: EvalReport, after: EvalReport) -> Ga
         "interval": INTERVAL,
     }
     (run_dir / "eval.json").write_text(json.dumps(out, indent=1) + "\n")
+    on = f"held-out pass@1 on {gain.tasks} {after.split}" if after.split else f"pass@1 on {gain.tasks} (all"
     print(
-        f"held-out pass@1 on {gain.tasks} {after.split or ''} tasks x {after.samples_per_task}: untrained "
+        f"{on} tasks{', no test split)' if not after.split else ''} x {after.samples_per_task}: untrained "
         f"{before.pass_at_1:.3f} [{before.pass_at_1_low:.3f}, {before.pass_at_1_high:.3f}] -> trained "
         f"{after.pass_at_1:.3f} [{after.pass_at_1_low:.3f}, {after.pass_at_1_high:.3f}], gain "
         f"{gain.gain:+.3f} [{gain.low:+.3f}, {gain.high:+.3f}] ({INTERVAL}; {run_dir / 'eval.json'})",

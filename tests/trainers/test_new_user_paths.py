@@ -5,6 +5,7 @@ without ``--env`` (the env and rollout limits come from the run's config.json)."
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import pytest
@@ -112,3 +113,51 @@ def test_eval_a_run_without_env(tmp_path, capsys):
     report = json.loads(out)
     assert report["env"] == "calculator-v0" and report["episodes"] == 2
     assert f"from {run / 'config.json'}: env calculator-v0, max_turns 2, max_new_tokens 8" in err
+
+
+def test_help_names_the_real_default_env_and_envs_describes_each(capsys):
+    from agentrl.trainers.cli import build_parser
+
+    help_text = re.sub(r"-\s+", "-", " ".join(build_parser().format_help().split()))  # argparse wraps at "-"
+    assert "SmolLM2-135M on math-tir-arith-v0 with OTB" in help_text
+    assert main(["envs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    listed = {line.split()[0]: line for line in lines}
+    assert "calculator-v0" in listed and "word problem" in listed["calculator-v0"]
+    assert "kinds=('arithmetic',)" in listed["math-tir-arith-v0"]  # what the id fixes
+    assert all(len(line.split()) > 3 for line in lines)  # every env has its description
+
+
+BAD_TOOL_ENV = textwrap.dedent(
+    '''
+    from agentrl.envs import Task, ToolEnv
+    from agentrl.tools import tool
+
+
+    @tool
+    def shout(text: str) -> str:
+        """
+        Args:
+            text: What to shout.
+        """
+        return text.upper()
+
+
+    class ShoutEnv(ToolEnv):
+        """Shout a word."""
+
+        def __init__(self, **kwargs):
+            super().__init__([shout], **kwargs)
+
+        def make_task(self, options):
+            return Task("Shout hello.", answer="HELLO")
+    '''
+)
+
+
+def test_a_tool_without_a_docstring_summary_is_named_as_such(tmp_path, capsys):
+    (tmp_path / "shout_env.py").write_text(BAD_TOOL_ENV)
+    assert main(["check", "--env", f"{tmp_path}/shout_env.py:ShoutEnv", "--no-gymnasium"]) == 2
+    err = capsys.readouterr().err
+    assert "tool 'shout' has a docstring without a summary" in err, err
+    assert "no description for the argument" not in err
