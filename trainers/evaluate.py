@@ -318,7 +318,8 @@ def run_settings(model: str) -> RunSettings | None:
                 f"{run} trained the agent {data['agent']} on the task file {env}, which is not an env "
                 "eval can run; pass --env ID"
             )
-        r = data.get("rollout") if isinstance(data.get("rollout"), dict) else {}
+        rollout = data.get("rollout")
+        r: dict[str, Any] = rollout if isinstance(rollout, dict) else {}
         return RunSettings(
             run=run,
             env=env,
