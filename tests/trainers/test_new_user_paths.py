@@ -125,7 +125,15 @@ def test_help_names_the_real_default_env_and_envs_describes_each(capsys):
     listed = {line.split()[0]: line for line in lines}
     assert "calculator-v0" in listed and "word problem" in listed["calculator-v0"]
     assert "kinds=('arithmetic',)" in listed["math-tir-arith-v0"]  # what the id fixes
-    assert all(len(line.split()) > 3 for line in lines)  # every env has its description
+    shipped = [
+        "calculator-v0",
+        "code-tests-v0",
+        "exact-answer-v0",
+        "guess-number-v0",
+        "math-tir-v0",
+        "shop-v0",
+    ]
+    assert all(len(listed[env_id].split()) > 3 for env_id in shipped)  # each with its description
 
 
 BAD_TOOL_ENV = textwrap.dedent(
