@@ -35,7 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_arguments(train, TrainConfig, aliases=TRAIN_ALIASES)
 
-    ev = sub.add_parser("eval", help="pass@1 / pass@k on an environment's held-out split")
+    ev = sub.add_parser(
+        "eval",
+        help="pass@1 / pass@k on an environment's held-out split (all its tasks when it has no test split)",
+    )
     ev.add_argument(
         "--model",
         required=True,
@@ -153,8 +156,8 @@ def _eval(ns: argparse.Namespace) -> int:
             "config.json names the env"
         )
     same_env = run is not None and (ns.env is None or ns.env == run.env)
-    max_turns = ns.max_turns or (run.max_turns if run is not None else 3)
-    max_new = ns.max_new_tokens or (run.max_new_tokens if run is not None else 96)
+    max_turns = ns.max_turns if ns.max_turns is not None else (run.max_turns if run is not None else 3)
+    max_new = ns.max_new_tokens if ns.max_new_tokens is not None else (run.max_new_tokens if run else 96)
     if run is not None:
         print(
             f"eval: from {run.run / 'config.json'}: env {env if same_env else '(--env given)'}, "
