@@ -102,17 +102,32 @@ PLOT_GROUPS: dict[str, tuple[str, ...]] = {
         "variance/proxy2_total_power",
         "variance/proxy3_pure_noise",
     ),
-    "time": ("time/rollout_s", "time/learn_s"),
+    # An asynchronous run's time/rollout_s is the learner's wait for data (0 when generation overlapped
+    # learning); time/generate_s is the generation that happened.
+    "time": ("time/rollout_s", "time/generate_s", "time/learn_s"),
+    "staleness": ("staleness/max", "staleness/mean", "staleness/stale_token_frac"),
+    "correction": (
+        "correction/rho_mean",
+        "correction/rho_min",
+        "correction/clip_frac",
+        "correction/corrected_token_frac",
+    ),
 }
-"""One PNG per group; a metric missing from the run is skipped."""
+"""One PNG per group; a metric missing from the run is skipped (a synchronous run has no staleness)."""
+
+_STYLES = (("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."))
+"""Marker and line style per line of a plot: lines that coincide (reward/mean and pass_rate with 0/1
+rewards) stay distinguishable."""
 
 
 def plot_run(run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None) -> list[Path]:
-    """Write one PNG per metric group of :data:`PLOT_GROUPS` that has data; return their paths."""
+    """Write one PNG per metric group of :data:`PLOT_GROUPS` that has data, and ``held_out.png`` when the
+    run has its evaluation (``eval.json``); return their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rows = read_metrics(run_dir)
     if not rows:
@@ -120,6 +135,8 @@ def plot_run(run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | 
     out = Path(out_dir) if out_dir is not None else Path(run_dir) / "plots"
     out.mkdir(parents=True, exist_ok=True)
     written = []
+    is_async = any("async/learner_idle_frac" in r for r in rows)
+    labels = {"time/rollout_s": "time/rollout_s (learner's wait for data)"} if is_async else {}
     for name, keys in PLOT_GROUPS.items():
         series = {
             k: [(r["step"], r[k]) for r in rows if isinstance(r.get(k), int | float)]
@@ -129,9 +146,20 @@ def plot_run(run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | 
         if not series:
             continue
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        for k, pts in series.items():
+        for i, (k, pts) in enumerate(series.items()):
             xs, ys = zip(*pts, strict=True)
-            ax.plot(xs, ys, marker="o", label=k)
+            marker, line = _STYLES[i % len(_STYLES)]
+            # Later lines are drawn smaller and hollow, so one on top of another leaves both visible.
+            ax.plot(
+                xs,
+                ys,
+                marker=marker,
+                linestyle=line,
+                markersize=7 - 1.5 * i,
+                fillstyle="full" if i == 0 else "none",
+                label=labels.get(k, k),
+            )
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
         ax.set_xlabel("step")
         ax.set_title(name)
         ax.grid(alpha=0.3)
@@ -141,4 +169,41 @@ def plot_run(run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | 
         fig.savefig(path, dpi=100)
         plt.close(fig)
         written.append(path)
+    held_out = _plot_eval(Path(run_dir), out, plt)
+    if held_out is not None:
+        written.append(held_out)
     return written
+
+
+def _plot_eval(run_dir: Path, out: Path, plt: Any) -> Path | None:
+    """pass@1 of the untrained and trained policy with their 95 % intervals, from ``eval.json``."""
+    path = run_dir / "eval.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        reports = [(label, data[label]) for label in ("untrained", "trained")]
+        values = [float(r["pass_at_1"]) for _, r in reports]
+        lows = [float(r["pass_at_1_low"]) for _, r in reports]
+        highs = [float(r["pass_at_1_high"]) for _, r in reports]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise StoreError(f"{path} is not an evaluation this version can read: {e}") from e
+    split = reports[1][1].get("split")
+    title = f"held-out pass@1 ({split} split)" if split else "pass@1 (all tasks, no test split)"
+    fig, ax = plt.subplots(figsize=(4, 3.5))
+    errors = [
+        [max(v - lo, 0.0) for v, lo in zip(values, lows, strict=True)],
+        [max(hi - v, 0.0) for v, hi in zip(values, highs, strict=True)],
+    ]
+    ax.errorbar([0, 1], values, yerr=errors, fmt="o", capsize=6)
+    ax.set_xticks([0, 1], [label for label, _ in reports])
+    ax.set_xlim(-0.5, 1.5)
+    ax.set_ylim(-0.05, 1.05)
+    tasks = reports[1][1].get("tasks")
+    ax.set_title(f"{title}\n{tasks} tasks, 95% interval", fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    png = out / "held_out.png"
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png

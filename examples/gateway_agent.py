@@ -5,6 +5,13 @@ itself with a small arithmetic evaluator, and scores the final 'Answer: N' again
 Train it through the recording gateway:
 
     agentrl train --agent examples/gateway_agent.py:solve --env calculator-v0 --model tiny --steps 1
+
+This example shows the plumbing only (an agent, its sessions, rewards and the recorded trajectories), not
+learning: SmolLM2-135M-Instruct does not call the calculator here. Through the gateway it made 0 tool calls
+in about 10 turns at max_tokens=96 (every turn cut), and 0 in 3 sessions with a demonstration call in the
+template's format in the prompt and max_tokens=256 (2 turns cut at 256 tokens, 1 bare answer); reward 0
+each time (2026-11-27, 2-core CPU shared with other work). A model that already calls tools, or an env whose
+reward does not need them, is what makes this loop learn.
 """
 
 from __future__ import annotations

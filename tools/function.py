@@ -261,6 +261,17 @@ def _build_schema(
     for p in signature.parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise ConfigError(f"tool {name!r}: *args/**kwargs cannot be described to a model")
+    # transformers reads an empty summary as "no Args: section" and then blames the first argument; say what
+    # is really missing. The summary is what comes before the first section header (Args:, Returns:, ...).
+    head = re.split(
+        r"^\s*(?:Args|Arguments|Returns|Raises)\s*:", inspect.cleandoc(doc or ""), maxsplit=1, flags=re.M
+    )
+    if not head[0].strip():
+        what = "has no docstring" if not (doc or "").strip() else "has a docstring without a summary"
+        raise ConfigError(
+            f"tool {name!r} {what}: its first line must say what the tool does (the model reads it), "
+            "followed by an Args: entry per argument"
+        )
     try:
         schema = get_json_schema(stand_in)
     except Exception as e:  # transformers' own exceptions say exactly what is missing

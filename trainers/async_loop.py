@@ -96,7 +96,12 @@ async def train_async(
     """Train steps ``s.first_step`` .. ``cfg.steps − 1`` with generation overlapping learning; call
     ``after_step(k)`` after each (checkpointing). Returns the next step to train: ``cfg.steps``, or the
     step during which a stop was requested. ``run_group`` runs one group (default: in this process)."""
-    from agentrl.trainers.step_metrics import episode_metrics, format_row, stalled_update_warning
+    from agentrl.trainers.step_metrics import (
+        episode_metrics,
+        format_async_row,
+        stalled_update_warning,
+        token_limit_warning,
+    )
     from agentrl.trainers.train_setup import task_seeds
 
     cfg, runtime = s.cfg, s.runtime
@@ -105,6 +110,8 @@ async def train_async(
     adm = Admission(cfg.max_staleness, B, on_stale=cfg.on_stale, start_step=s.first_step, end_step=cfg.steps)
     reuse = _reusable_groups(s)
     results: dict[int, TrajectoryGroup] = {}
+    spans: dict[int, tuple[float, float]] = {}
+    """Lease index -> (start, end) of its group's generation: a step's generate time is their union's span."""
     reused_of: dict[int, int] = {}
     tasks: dict[int, asyncio.Task[None]] = {}
     wake = asyncio.Event()
@@ -113,7 +120,9 @@ async def train_async(
     async def run_one(lease: Lease, seed: int) -> None:
         try:
             meta = TrajectoryMeta(env_id=cfg.env, step=lease.step, policy_version=runtime.version)
+            t0 = time.perf_counter()
             group = await runner(seed, meta)
+            spans[lease.index] = (t0, time.perf_counter())
             results[lease.index] = group
             adm.complete(lease, oldest_version(group))
         except asyncio.CancelledError:
@@ -166,7 +175,9 @@ async def train_async(
                 if task is not None:
                     task.cancel()
                 results.pop(lease.index, None)
+                spans.pop(lease.index, None)
             groups = [results.pop(lease.index) for lease in plan.trained]
+            ran = [spans.pop(lease.index) for lease in plan.trained if lease.index in spans]
             in_flight = len(tasks)
             t_learn = time.perf_counter()
             usable = [u for g in groups if (u := g.usable()) is not None]
@@ -181,6 +192,9 @@ async def train_async(
             now = time.perf_counter()
             row["time/publish_s"] = now - t_publish
             row["time/rollout_s"] = waited  # the learner's wait for data (generation not hidden by learning)
+            # The wall time this step's episodes were actually generating (first start to last end; reused
+            # groups took none): with overlap it is mostly hidden behind the previous steps' learning.
+            row["time/generate_s"] = max(e for _, e in ran) - min(b for b, _ in ran) if ran else 0.0
             row["time/learn_s"] = now - t_learn
             row["time/step_s"] = now - t_prev
             row["async/learner_idle_frac"] = waited / max(now - t_prev, 1e-9)
@@ -190,11 +204,12 @@ async def train_async(
             row["async/max_staleness_seen"] = float(adm.max_seen)
             t_prev = now
             s.metrics.log(k, row)
-            extra = f" staleness={max(plan.staleness, default=0)} idle={row['async/learner_idle_frac']:.2f}"
-            print(format_row(k, row) + extra)
-            stalled = stalled_update_warning(row)
-            if stalled is not None:
-                print(f"step {k}: {stalled}", file=sys.stderr)
+            print(format_async_row(k, row, staleness=max(plan.staleness, default=0)))
+            trajs = [t for g in groups for t in g]
+            warnings = (token_limit_warning(trajs, cfg.rollout), stalled_update_warning(row))
+            for warning in warnings:  # as the synchronous loop warns
+                if warning is not None:
+                    print(f"step {k}: {warning}", file=sys.stderr)
             await after_step(k)
             k += 1
         return k

@@ -30,26 +30,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser(
         "train",
-        help="train an agent (default: SmolLM2-135M on math-tir-v0 with OTB, CPU)",
+        help="train an agent (default: SmolLM2-135M on math-tir-arith-v0 with OTB, CPU)",
         description=(TrainConfig.__doc__ or "") + " Nested settings take dotted flags (--learner.lr 1e-6).",
     )
     add_config_arguments(train, TrainConfig, aliases=TRAIN_ALIASES)
 
-    ev = sub.add_parser("eval", help="pass@1 / pass@k on an environment's held-out split")
+    ev = sub.add_parser(
+        "eval",
+        help="pass@1 / pass@k on an environment's held-out split (all its tasks when it has no test split)",
+    )
     ev.add_argument(
         "--model",
         required=True,
         help="'smollm2', 'tiny', a run directory (its newest checkpoint), a checkpoint "
         "(<run>/checkpoints/step-N) or a Hugging Face model folder",
     )
-    ev.add_argument("--env", required=True, help=ENV_HELP)
+    ev.add_argument(
+        "--env",
+        default=None,
+        help=ENV_HELP + "; default with --model RUN (or one of its checkpoints): the env the run trained on",
+    )
     ev.add_argument("--k", type=int, default=4, help="samples per task (default 4)")
     ev.add_argument("--tasks", type=int, default=32, help="tasks to evaluate (default 32)")
     ev.add_argument("--split", default="test", help="split for envs that have one (default test)")
     ev.add_argument("--seed", type=int, default=10_000, help="first task seed (default 10000)")
     ev.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ev.add_argument("--max-new-tokens", type=int, default=96, help="token limit per model turn (default 96)")
-    ev.add_argument("--max-turns", type=int, default=3, help="model turns per episode (default 3)")
+    ev.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="token limit per model turn (default: the run's --rollout.max-new-tokens, else 96)",
+    )
+    ev.add_argument(
+        "--max-turns",
+        type=int,
+        default=None,
+        help="model turns per episode (default: the run's --rollout.max-turns, else 3)",
+    )
     ev.add_argument("--json", action="store_true", help="print the report as JSON")
 
     chk = sub.add_parser(
@@ -75,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gateway_cli.add_parser(sub)
 
-    sub.add_parser("envs", help="list registered environments")
+    sub.add_parser("envs", help="list registered environments, each with the first line of its docstring")
     return parser
 
 
@@ -147,6 +164,80 @@ def _check_sandbox(env_id: str, env: object) -> None:
     print(f"{env_id}: the sandbox starts and runs code here")
 
 
+def _eval(ns: argparse.Namespace) -> int:
+    from agentrl.errors import ConfigError
+    from agentrl.trainers.evaluate import evaluate, format_report, run_settings
+
+    run = run_settings(ns.model)
+    env = ns.env or (run.env if run is not None else None)
+    if env is None:
+        raise ConfigError(
+            "--env is required unless --model is a training run (or one of its checkpoints), whose "
+            "config.json names the env"
+        )
+    same_env = run is not None and (ns.env is None or ns.env == run.env)
+    max_turns = ns.max_turns if ns.max_turns is not None else (run.max_turns if run is not None else 3)
+    max_new = ns.max_new_tokens if ns.max_new_tokens is not None else (run.max_new_tokens if run else 96)
+    if run is not None:
+        print(
+            f"eval: from {run.run / 'config.json'}: env {env if same_env else '(--env given)'}, "
+            f"max_turns {max_turns}, max_new_tokens {max_new}, max_total_tokens {run.max_total_tokens}, "
+            f"temperature {run.temperature}",
+            file=sys.stderr,
+        )
+    report = asyncio.run(
+        evaluate(
+            ns.model,
+            env,
+            k=ns.k,
+            tasks=ns.tasks,
+            split=ns.split,
+            seed=ns.seed,
+            max_turns=max_turns,
+            max_new_tokens=max_new,
+            max_total_tokens=run.max_total_tokens if run is not None else None,
+            temperature=run.temperature if run is not None else 1.0,
+            device=ns.device,
+            env_kwargs=run.env_kwargs if run is not None and same_env else None,
+        )
+    )
+    print(json.dumps(config_to_dict(report)) if ns.json else format_report(report))
+    if 2 * report.token_limited > report.episodes:
+        print(
+            f"warning: {report.token_limited} of {report.episodes} episodes ended at a token limit; "
+            f"their answers are cut off. Raise --max-new-tokens (now {max_new}) if "
+            f"{report.env} needs longer answers",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _describe(env_id: str) -> str:
+    """The first line of the env's docstring, and the arguments its id fixes (math-tir-arith-v0 is math-tir-v0
+    with one of them)."""
+    import agentrl
+
+    env_spec = agentrl.registry.spec(env_id)
+    try:
+        doc = (agentrl.registry.entry_point(env_id).__doc__ or "").strip()
+    except AgentRLError as e:  # one broken plug-in must not hide the others
+        return f"(cannot be imported: {e})"
+    line = doc.split("\n\n")[0].replace("\n", " ").strip()
+    line = " ".join(line.split())
+    fixed = ", ".join(f"{k}={v!r}" for k, v in env_spec.defaults.items())
+    return f"{line} [{fixed}]" if fixed else line
+
+
+def _envs() -> int:
+    import agentrl
+
+    ids = agentrl.list_envs()
+    width = max((len(i) for i in ids), default=0)
+    for env_id in ids:
+        print(f"{env_id:<{width}}  {_describe(env_id)}".rstrip())
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``agentrl`` console script."""
     ns = build_parser().parse_args(argv)
@@ -156,30 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return pg.main(_train_config(ns))
         if ns.command == "eval":
-            from agentrl.trainers.evaluate import evaluate, format_report
-
-            report = asyncio.run(
-                evaluate(
-                    ns.model,
-                    ns.env,
-                    k=ns.k,
-                    tasks=ns.tasks,
-                    split=ns.split,
-                    seed=ns.seed,
-                    max_turns=ns.max_turns,
-                    max_new_tokens=ns.max_new_tokens,
-                    device=ns.device,
-                )
-            )
-            print(json.dumps(config_to_dict(report)) if ns.json else format_report(report))
-            if 2 * report.token_limited > report.episodes:
-                print(
-                    f"warning: {report.token_limited} of {report.episodes} episodes ended at a token limit; "
-                    f"their answers are cut off. Raise --max-new-tokens (now {ns.max_new_tokens}) if "
-                    f"{report.env} needs longer answers",
-                    file=sys.stderr,
-                )
-            return 0
+            return _eval(ns)
         if ns.command == "check":
             return _check(ns)
         if ns.command == "plot":
@@ -197,11 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return gateway_cli.run(ns)
         if ns.command == "envs":
-            import agentrl
-
-            for env_id in agentrl.list_envs():
-                print(env_id)
-            return 0
+            return _envs()
     except AgentRLError as e:
         print(f"agentrl {ns.command}: error: {e}", file=sys.stderr)
         return 2

@@ -35,6 +35,7 @@ __all__ = [
     "EvalConfig",
     "EvalReport",
     "Gain",
+    "RunSettings",
     "bootstrap_interval",
     "evaluate",
     "evaluate_policy",
@@ -43,6 +44,8 @@ __all__ = [
     "paired_gain",
     "pass_at_k",
     "run_held_out",
+    "run_settings",
+    "split_label",
     "write_comparison",
 ]
 
@@ -252,14 +255,81 @@ async def evaluate_policy(
     )
 
 
+def split_label(split: str | None) -> str:
+    """How a report names where its tasks came from: an env without a ``split`` argument has no held-out
+    tasks, only other seeds of the one distribution it trains on (they may repeat training tasks)."""
+    return f"{split} split" if split else "all tasks, no test split"
+
+
 def format_report(report: EvalReport) -> str:
     """One line: pass@1 with its interval, pass@k, mean reward."""
     return (
-        f"{report.env} ({report.split or 'all'}): {report.tasks} tasks x {report.samples_per_task}: "
+        f"{report.env} ({split_label(report.split)}): {report.tasks} tasks x {report.samples_per_task}: "
         f"pass@1={report.pass_at_1:.3f} [95% CI {report.pass_at_1_low:.3f}-{report.pass_at_1_high:.3f}] "
         f"pass@{report.samples_per_task}={report.pass_at_k:.3f} mean reward={report.mean_reward:.3f} "
         f"infra failures={report.infra_failures}"
     )
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What ``agentrl eval --model RUN`` takes from the training run's ``config.json`` when not given."""
+
+    run: Path
+    """The run directory."""
+    env: str
+    """The env the run trained on."""
+    env_kwargs: dict[str, Any]
+    """Its keyword arguments."""
+    max_turns: int
+    """The run's ``--rollout.max-turns``."""
+    max_new_tokens: int
+    """The run's ``--rollout.max-new-tokens``."""
+    max_total_tokens: int
+    """The run's ``--rollout.max-total-tokens``."""
+    temperature: float
+    """The run's sampling temperature (its own held-out evaluation used it too)."""
+
+
+def run_settings(model: str) -> RunSettings | None:
+    """The env and rollout settings of the training run ``model`` names: a run directory, one of its
+    checkpoints (``<run>/checkpoints/step-N``) or a checkpoint's ``model/`` folder; None for anything else
+    (``smollm2``, ``tiny``, a plain model folder).
+
+    Raises:
+        ConfigError: the run trained an ``--agent`` on a ``.jsonl`` task file, which is no env to evaluate.
+    """
+    path = Path(model)
+    for run in (path, *list(path.parents)[:3]):
+        config = run / "config.json"
+        if not config.is_file():
+            continue
+        try:
+            data = json.loads(config.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("env"), str):
+            continue  # a model folder's own config.json (Hugging Face), or a gateway's folder
+        if run != path and not path.is_relative_to(run / "checkpoints"):
+            return None
+        env = data["env"]
+        if data.get("agent") and env.endswith(".jsonl"):
+            raise ConfigError(
+                f"{run} trained the agent {data['agent']} on the task file {env}, which is not an env "
+                "eval can run; pass --env ID"
+            )
+        rollout = data.get("rollout")
+        r: dict[str, Any] = rollout if isinstance(rollout, dict) else {}
+        return RunSettings(
+            run=run,
+            env=env,
+            env_kwargs=dict(data.get("env_kwargs") or {}),
+            max_turns=int(r.get("max_turns", 3)),
+            max_new_tokens=int(r.get("max_new_tokens", 96)),
+            max_total_tokens=int(r.get("max_total_tokens", 1024)),
+            temperature=float(r.get("temperature", 1.0)),
+        )
+    return None
 
 
 async def evaluate(
@@ -272,8 +342,10 @@ async def evaluate(
     seed: int = 10_000,
     max_turns: int = 3,
     max_new_tokens: int = 96,
+    max_total_tokens: int | None = None,
     temperature: float = 1.0,
     device: str = "cpu",
+    env_kwargs: dict[str, Any] | None = None,
 ) -> EvalReport:
     """Sample ``k`` episodes on each of ``tasks`` held-out tasks and report pass@1 (with its interval) and
     pass@k.
@@ -285,7 +357,7 @@ async def evaluate(
     env = agentrl.registry.canonical_env(env)  # a file reference works from any directory, and is recorded so
     spec = ModelSpec(model, device=device)
     model_folder(spec.name)  # a wrong --model fails here, before any env is built
-    make_env, used_split = held_out_env(env, split)
+    make_env, used_split = held_out_env(env, split, **(env_kwargs or {}))
     loaded = resolve_model(spec)
     renderer = ChatRenderer(loaded.tokenizer)
     policy = HFPolicy(
@@ -295,7 +367,8 @@ async def evaluate(
         device=loaded.device,
         seed=seed,
     )
-    cfg = RolloutConfig(max_turns=max_turns, max_new_tokens=max_new_tokens, temperature=temperature)
+    limits: dict[str, Any] = {} if max_total_tokens is None else {"max_total_tokens": max_total_tokens}
+    cfg = RolloutConfig(max_turns=max_turns, max_new_tokens=max_new_tokens, temperature=temperature, **limits)
     return await evaluate_policy(
         policy, renderer, make_env, env=env, split=used_split, k=k, tasks=tasks, seed=seed, rollout=cfg
     )
@@ -331,7 +404,9 @@ async def run_held_out(
     )
     took = time.perf_counter() - t0
     path.write_text(json.dumps({"label": label, "seconds": took, "report": config_to_dict(report)}) + "\n")
-    print(f"held-out eval, {label} ({took:.0f}s): {format_report(report)}", flush=True)
+    # Held out only when the env has a test split; otherwise say what it is (docs/writing-environments.md).
+    kind = "held-out eval" if split else "eval (the env has no test split, so these tasks are not held out)"
+    print(f"{kind}, {label} ({took:.0f}s): {format_report(report)}", flush=True)
     return report
 
 
@@ -345,8 +420,9 @@ def write_comparison(run_dir: Path, before: EvalReport, after: EvalReport) -> Ga
         "interval": INTERVAL,
     }
     (run_dir / "eval.json").write_text(json.dumps(out, indent=1) + "\n")
+    on = f"held-out pass@1 on {gain.tasks} {after.split}" if after.split else f"pass@1 on {gain.tasks} (all"
     print(
-        f"held-out pass@1 on {gain.tasks} {after.split or ''} tasks x {after.samples_per_task}: untrained "
+        f"{on} tasks{', no test split)' if not after.split else ''} x {after.samples_per_task}: untrained "
         f"{before.pass_at_1:.3f} [{before.pass_at_1_low:.3f}, {before.pass_at_1_high:.3f}] -> trained "
         f"{after.pass_at_1:.3f} [{after.pass_at_1_low:.3f}, {after.pass_at_1_high:.3f}], gain "
         f"{gain.gain:+.3f} [{gain.low:+.3f}, {gain.high:+.3f}] ({INTERVAL}; {run_dir / 'eval.json'})",

@@ -13,6 +13,7 @@ __all__ = [
     "UNCHANGED_WARN_FRAC",
     "Progress",
     "episode_metrics",
+    "format_async_row",
     "format_row",
     "stalled_update_warning",
     "token_limit_warning",
@@ -110,6 +111,18 @@ def format_row(step: int, row: dict[str, float]) -> str:
     ]
     parts = [f"{short}={row[k]:.3g}" for k, short in keys if isinstance(row.get(k), int | float)]
     return f"step {step}: " + " ".join(parts)
+
+
+def format_async_row(step: int, row: dict[str, float], *, staleness: int) -> str:
+    """The console line of an asynchronous step: as :func:`format_row`, but its rollout time is the learner's
+    wait for data, shown as ``overlapped`` when generation was hidden behind learning (a wait under 1 % of
+    the generation time, or 10 ms), followed by the generation time that actually happened."""
+    waited = float(row.get("time/rollout_s", 0.0))
+    generated = float(row.get("time/generate_s", 0.0))
+    line = format_row(step, {k: v for k, v in row.items() if k != "time/rollout_s"})
+    shown = "overlapped" if waited < max(0.01, 0.01 * generated) else f"{waited:.3g}"
+    idle = float(row.get("async/learner_idle_frac", 0.0))
+    return f"{line} rollout_s={shown} generate_s={generated:.3g} staleness={staleness} idle={idle:.2f}"
 
 
 class Progress:

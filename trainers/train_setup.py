@@ -353,9 +353,12 @@ def _env_kwargs(cfg: TrainConfig, pool: Any) -> dict[str, Any]:
 def needs_sandbox(cfg: TrainConfig) -> bool:
     """Whether ``cfg.env``'s episodes run code in a sandbox. Only then does the trainer start a sandbox pool:
     its startup self-test refuses machines where the sandbox cannot contain code, which must not stop an
-    env that never runs any (the calculator's tool runs in-process)."""
+    env that never runs any (the calculator's tool runs in-process). With ``--agent`` a ``.jsonl`` task file
+    is no env at all: the agent runs its own tools, so nothing needs a sandbox."""
     from agentrl.envs.tool_env import ToolEnv
 
+    if cfg.agent is not None and cfg.env.endswith(".jsonl"):  # as prepare_run and task_source decide
+        return False
     cls = agentrl.registry.entry_point(cfg.env)
     if not (isinstance(cls, type) and issubclass(cls, ToolEnv)):
         return False

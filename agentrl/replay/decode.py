@@ -13,7 +13,7 @@ from agentrl.chat import ChatRenderer
 from agentrl.errors import AgentRLError, ConfigError
 from agentrl.types import Segment, TokenSource, Trajectory
 
-__all__ = ["TokenText", "actions_of", "model_segments", "token_text", "turn_layout"]
+__all__ = ["TokenText", "actions_of", "model_segments", "session_label", "token_text", "turn_layout"]
 
 
 class TokenText:
@@ -81,9 +81,11 @@ def turn_layout(traj: Trajectory) -> tuple[int, dict[int, int]]:
 def actions_of(traj: Trajectory, tokenizer: Any = None) -> tuple[tuple[str, ...], str]:
     """The text of each model turn that was handed to ``Env.step``, and where it came from.
 
-    ``Trajectory.actions`` when recorded (``"recorded"``). Older records without it: each model segment
-    that ends with a stop token (exactly the turns the rollout handed to ``step``), decoded without its
-    stop token (``"decoded"``) — needs the tokenizer.
+    ``Trajectory.actions`` when recorded (``"recorded"``). Records without it: each model segment that
+    ends with a stop token (exactly the turns the rollout handed to ``step``), decoded without its stop
+    token (``"decoded"``) — needs the tokenizer. ``"none"``: no turn ended with a stop token (every one was
+    cut by a token limit), so no action ever reached the env; an empty ``actions`` is then what a current
+    record holds too, not a sign of an older format.
     """
     if traj.actions:
         return tuple(traj.actions), "recorded"
@@ -101,4 +103,17 @@ def actions_of(traj: Trajectory, tokenizer: Any = None) -> tuple[tuple[str, ...]
         ids = traj.token_ids[s.start : s.end]
         if ids and tx.is_stop(ids[-1]):
             out.append(tx.assistant_text(ids))
-    return tuple(out), "decoded"
+    return tuple(out), ("decoded" if out else "none")
+
+
+def session_label(traj: Trajectory) -> str | None:
+    """Where a gateway trajectory sits in its session (``meta.extra``: ``session_id``, ``segment``,
+    ``segments``, ``segment_end``): ``"session S, segment k of n, ended by E"``, with ``k`` counted from 0 as
+    recorded. A session splits into several trajectories when the agent rewrites its history or goes on
+    after a turn cut by ``max_tokens`` (``segment_end`` says which). None for a native episode."""
+    extra = traj.meta.extra
+    sid = extra.get("session_id")
+    if not isinstance(sid, str):
+        return None
+    k, n, end = extra.get("segment", 0), extra.get("segments", 1), extra.get("segment_end", "finish")
+    return f"session {sid}, segment {k} of {n}, ended by {end}"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError
-from agentrl.replay.decode import token_text
+from agentrl.replay.decode import session_label, token_text
 from agentrl.replay.page import render_page
 from agentrl.replay.records import Run
 from agentrl.replay.reports import RecomputeReport, TrajectoryRecompute
@@ -108,6 +108,7 @@ def _traj_payload(
         "seed": m.seed,
         "step": m.step,
         "group": m.group_id,
+        "session": session_label(t),
         "pv": m.policy_version,
         "reward": t.reward,
         "rewards": list(t.rewards),

@@ -266,7 +266,7 @@ function show(i) {
   const meta = $("d-meta");
   meta.replaceChildren();
   const rows = [["episode", t.id], ["env", t.env], ["task", t.task], ["seed", t.seed], ["step", t.step],
-    ["group", t.group], ["policy version", t.pv], ["rewards per step", t.rewards.join(", ") || "none"],
+    ["group", t.group], ...(t.session ? [["gateway", t.session]] : []), ["policy version", t.pv], ["rewards per step", t.rewards.join(", ") || "none"],
     ["terminated / truncated", t.terminated + " / " + t.truncated], ["turns", t.turns],
     ["tokens", t.ids.length + " (" + t.model_tokens + " sampled)"]];
   if (t.adv_src) rows.push(["advantages", t.adv_src]);

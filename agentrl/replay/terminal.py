@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.replay.decode import model_segments, token_text, turn_layout
+from agentrl.replay.decode import model_segments, session_label, token_text, turn_layout
 from agentrl.replay.reports import TrajectoryRecompute
 from agentrl.types import TokenSource, ToolStatus, Trajectory
 
@@ -63,6 +63,9 @@ def render(
         f"  env {m.env_id or '?'}  task {m.task_id or '?'}  seed {m.seed}  step {m.step}"
         f"  group {m.group_id[:12]}  policy v{m.policy_version}"
     )
+    session = session_label(traj)
+    if session is not None:  # a gateway session split into several trajectories says where this one sits
+        out.append(f"  {session}")
     by_src: dict[TokenSource, int] = {}
     for s in traj.segments:
         by_src[s.source] = by_src.get(s.source, 0) + (s.end - s.start)

@@ -1,9 +1,14 @@
 """``agentrl gateway --model MODEL --out DIR [--port PORT] [--host 127.0.0.1]``: serve until stopped.
 
-Agents use ``base_url = http://HOST:PORT/s/<session_id>/v1`` with any API key and end each session with
+Agents use ``base_url = http://HOST:PORT/s/<session_id>/v1`` and end each session with
 ``POST /s/<session_id>/finish`` and ``{"reward": float, "info": {...}}``; the session's trajectories are
 appended to ``DIR/trajectories.jsonl`` (read them with ``agentrl replay DIR``). SIGINT/SIGTERM stop the
 server; sessions still open are recorded as cancelled (never trained on).
+
+With --api-key KEY (or AGENTRL_GATEWAY_API_KEY in the environment) every request must carry
+``Authorization: Bearer KEY`` (the openai client's api_key), else 401; without a key any is accepted, and a
+--host other than a loopback address is refused unless --allow-unauthenticated is given. One line per
+request (session, tokens, finish reason, latency, requests in flight) goes to stderr.
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ from agentrl.errors import ConfigError
 
 from .session import GatewayConfig
 
-__all__ = ["ServeConfig", "add_parser", "run", "serve"]
+__all__ = ["API_KEY_ENV", "ServeConfig", "add_parser", "run", "serve"]
+
+API_KEY_ENV = "AGENTRL_GATEWAY_API_KEY"
+"""The environment variable that gives ``agentrl gateway`` its key when --api-key is not set."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,14 @@ class ServeConfig(GatewayConfig):
     """Weights dtype: auto is float32 on CPU and bfloat16 on CUDA."""
     seed: int = 0
     """Seed of the sampler and of the tiny model's weights."""
+    api_key: str | None = None
+    """Require 'Authorization: Bearer <key>' on every request (401 otherwise); default: the
+    AGENTRL_GATEWAY_API_KEY environment variable, else none. Never written to config.json."""
+    allow_unauthenticated: bool = False
+    """Serve a non-loopback --host without a key. Anyone who reaches the port can then write trajectories
+    and rewards into training."""
+    log_requests: bool = True
+    """Print one line per request to stderr (session, tokens, finish reason, latency, requests in flight)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -84,8 +100,10 @@ async def serve(
     from agentrl.models import resolve_model
     from agentrl.trainers.train_setup import TrainConfig, make_policy, sampler_spec
 
-    from .server import Gateway
+    from .server import Gateway, check_exposure
 
+    api_key = cfg.api_key or os.environ.get(API_KEY_ENV) or None
+    check_exposure(cfg.host, api_key, allow_unauthenticated=cfg.allow_unauthenticated)  # before loading
     out = Path(str(cfg.out))
     saved = out / "config.json"
     if saved.exists() and "host" not in json.loads(saved.read_text()):
@@ -96,7 +114,8 @@ async def serve(
     renderer = ChatRenderer(tokenizer)
     policy = make_policy(train_like, model, tokenizer, renderer, device, version=0)
     out.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")  # replay finds the tokenizer by it
+    recorded = dataclasses.replace(cfg, api_key=None)  # a secret has no place in the run folder
+    saved.write_text(json.dumps(config_to_dict(recorded), indent=2) + "\n")  # replay finds the tokenizer
     gateway_cfg = GatewayConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(GatewayConfig)})
     store = JsonlStore(out / "trajectories.jsonl", mode="append")  # a restarted gateway keeps recording
     stop = stop or asyncio.Event()
@@ -104,10 +123,21 @@ async def serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with Gateway(policy, renderer, gateway_cfg, store=store, host=cfg.host, port=cfg.port) as gw:
+        async with Gateway(
+            policy,
+            renderer,
+            gateway_cfg,
+            store=store,
+            host=cfg.host,
+            port=cfg.port,
+            api_key=api_key,
+            allow_unauthenticated=cfg.allow_unauthenticated,
+            log_requests=cfg.log_requests,
+        ) as gw:
+            auth = "Authorization: Bearer <key> required" if api_key else "no API key (any is accepted)"
             print(
                 f"agentrl gateway: {cfg.model} at {gw.url}; agents use base_url {gw.url}/s/<session_id>/v1 "
-                f"and POST {gw.url}/s/<session_id>/finish; trajectories go to {store.path}",
+                f"and POST {gw.url}/s/<session_id>/finish; {auth}; trajectories go to {store.path}",
                 flush=True,
             )
             if ready is not None:

@@ -1,6 +1,6 @@
 """The gateway over HTTP: a Starlette app served by uvicorn on the caller's event loop.
 
-Routes (``<sid>`` is the session id; any API key is accepted)::
+Routes (``<sid>`` is the session id)::
 
     POST /s/<sid>/v1/chat/completions   answer one turn (JSON, or server-sent events with "stream": true)
     GET  /s/<sid>/v1/models             the one model served
@@ -9,15 +9,25 @@ Routes (``<sid>`` is the session id; any API key is accepted)::
 
 Every error is an OpenAI-style JSON body with a 4xx/5xx status. A client that disconnects while its turn is
 being sampled cancels the sampling; the session is left as if the request had not been made.
+
+Authentication: with an ``api_key`` every route but ``/health`` needs ``Authorization: Bearer <key>`` (the
+header the ``openai`` client sends for its ``api_key``), else a 401. Without one, any key is accepted, which
+is only safe on a loopback address: whoever reaches the port can open sessions and finish them with any
+reward, i.e. write trajectories and rewards straight into training. :class:`Gateway` therefore refuses a
+non-loopback ``host`` without a key unless ``allow_unauthenticated`` is set.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import ipaddress
 import json
 import logging
 import socket
+import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -37,7 +47,7 @@ from .core import GatewayCore
 from .session import GatewayConfig
 from .wire import GatewayError, parse_finish, stream_chunks
 
-__all__ = ["Gateway", "build_app"]
+__all__ = ["Gateway", "build_app", "check_exposure", "is_loopback"]
 
 log = logging.getLogger(__name__)
 
@@ -70,44 +80,123 @@ async def _until_disconnected(receive: Callable[[], Awaitable[Any]]) -> None:
         pass
 
 
-def build_app(core: GatewayCore) -> Starlette:
-    """The ASGI app of ``core`` (servable by any ASGI server)."""
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is only reachable from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+def check_exposure(host: str, api_key: str | None, *, allow_unauthenticated: bool) -> None:
+    """Refuse to serve a non-loopback ``host`` without an API key (before anything binds)."""
+    if api_key is None and not is_loopback(host) and not allow_unauthenticated:
+        raise ConfigError(
+            f"--host {host} would let anyone who reaches the port open sessions and finish them with any "
+            "reward (writing trajectories and rewards into training); give the gateway a key (--api-key, or "
+            "the AGENTRL_GATEWAY_API_KEY environment variable; agents send it as their api_key) or pass "
+            "--allow-unauthenticated if the network is trusted"
+        )
+
+
+def _unauthorized(request: Request, api_key: str | None) -> JSONResponse | None:
+    """A 401 body when ``api_key`` is set and the request does not carry it as a Bearer token."""
+    if api_key is None:
+        return None
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        return None
+    why = "no Authorization header" if not header else "the Authorization header does not carry the key"
+    return _error(
+        GatewayError(
+            401,
+            f"{why}: this gateway needs 'Authorization: Bearer <key>' (the openai client's api_key)",
+            kind="authentication_error",
+            code="invalid_api_key",
+        )
+    )
+
+
+def _log_request(sid: str, status: int, out: dict[str, Any] | None, t0: float, in_flight: int) -> None:
+    usage = (out or {}).get("usage") or {}
+    finish = ((out or {}).get("choices") or [{}])[0].get("finish_reason", "-")
+    print(
+        f"gateway: session {sid} {status} prompt_tokens={usage.get('prompt_tokens', '-')} "
+        f"completion_tokens={usage.get('completion_tokens', '-')} finish={finish} "
+        f"latency={time.perf_counter() - t0:.2f}s in_flight={in_flight}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def build_app(core: GatewayCore, *, api_key: str | None = None, log_requests: bool = False) -> Starlette:
+    """The ASGI app of ``core`` (servable by any ASGI server).
+
+    Args:
+        core: The sessions.
+        api_key: When set, requests must carry ``Authorization: Bearer <api_key>`` (401 otherwise).
+        log_requests: Print one line per chat request to stderr: session, status, prompt and completion
+            tokens, finish reason, latency, and how many requests were in flight when it started (the
+            policy batches concurrent turns, so a turn's latency grows with the others being sampled).
+    """
+    in_flight = 0
 
     async def chat(request: Request) -> Response:
+        nonlocal in_flight
+        if (denied := _unauthorized(request, api_key)) is not None:
+            return denied
         sid = request.path_params["sid"]
+        t0, others = time.perf_counter(), in_flight
+        in_flight += 1
+        try:
+            response, out = await _chat(request, sid)
+        finally:
+            in_flight -= 1
+        if log_requests:
+            _log_request(sid, response.status_code, out, t0, others + 1)
+        return response
+
+    async def _chat(request: Request, sid: str) -> tuple[Response, dict[str, Any] | None]:
         try:
             body = await _json_body(request)
         except GatewayError as e:
-            return _error(e)
+            return _error(e), None
         work = asyncio.ensure_future(core.chat(sid, body))
         gone = asyncio.ensure_future(_until_disconnected(request.receive))
         await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         if not work.done():  # the client went away mid-generation: stop sampling for nobody
             work.cancel()
             await asyncio.gather(work, return_exceptions=True)
-            return Response(status_code=499)
+            return Response(status_code=499), None
         gone.cancel()
         try:
             stream, include_usage, out = work.result()
         except GatewayError as e:
-            return _error(e)
+            return _error(e), None
         except Exception as e:  # a bug: answer it, keep serving
             log.exception("session %s: unexpected error", sid)
-            return _error(GatewayError(500, f"internal error: {e!r}", kind="server_error"))
+            return _error(GatewayError(500, f"internal error: {e!r}", kind="server_error")), None
         if not stream:
-            return JSONResponse(out)
+            return JSONResponse(out), out
 
         async def events() -> AsyncIterator[str]:
             for c in stream_chunks(out, include_usage=include_usage):
                 yield f"data: {json.dumps(c)}\n\n"
             yield "data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(events(), media_type="text/event-stream"), out
 
     async def models(request: Request) -> Response:
+        if (denied := _unauthorized(request, api_key)) is not None:
+            return denied
         return JSONResponse(core.models())
 
     async def finish(request: Request) -> Response:
+        if (denied := _unauthorized(request, api_key)) is not None:
+            return denied
         sid = request.path_params["sid"]
         try:
             reward, info = parse_finish(await _json_body(request))
@@ -129,6 +218,9 @@ def build_app(core: GatewayCore) -> Starlette:
                         "turns": t.num_turns,
                         "stop_reason": t.stop_reason.value,
                         "trainable": not t.infra_failure,
+                        # why the session became several trajectories (SEGMENT_ENDS in session.py)
+                        "segment": t.meta.extra.get("segment", 0),
+                        "segment_end": t.meta.extra.get("segment_end", "finish"),
                     }
                     for t in trajs
                 ],
@@ -188,6 +280,10 @@ class Gateway:
         port: TCP port; 0 picks a free one (see :attr:`port`).
         auto_sessions: Open a session on its first request (standalone). False: only sessions opened with
             :meth:`open_session` exist; other ids get a 404 (training).
+        api_key: Requests must carry ``Authorization: Bearer <api_key>`` (401 otherwise); None accepts any.
+        allow_unauthenticated: Serve a non-loopback ``host`` without ``api_key`` (refused otherwise, before
+            binding).
+        log_requests: Print one line per chat request to stderr (see :func:`build_app`).
     """
 
     def __init__(
@@ -200,8 +296,16 @@ class Gateway:
         host: str = "127.0.0.1",
         port: int = 0,
         auto_sessions: bool = True,
+        api_key: str | None = None,
+        allow_unauthenticated: bool = False,
+        log_requests: bool = False,
     ):
+        if api_key is not None and not api_key:
+            raise ConfigError("the gateway's API key is empty; give a non-empty key or none")
+        check_exposure(host, api_key, allow_unauthenticated=allow_unauthenticated)
         self.core = GatewayCore(policy, renderer, config, store=store, auto_sessions=auto_sessions)
+        self.api_key = api_key
+        self.log_requests = log_requests
         self.host = host
         self.port = port
         self._server: _EmbeddedServer | None = None
@@ -246,7 +350,7 @@ class Gateway:
         sock.setblocking(False)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
-            build_app(self.core),
+            build_app(self.core, api_key=self.api_key, log_requests=self.log_requests),
             log_level="warning",
             access_log=False,
             lifespan="off",

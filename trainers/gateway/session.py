@@ -53,7 +53,17 @@ from agentrl.types import (
 
 from .wire import ChatRequest, GatewayError, WireMessage
 
-__all__ = ["GatewayConfig", "Session"]
+__all__ = ["SEGMENT_ENDS", "GatewayConfig", "Session"]
+
+SEGMENT_ENDS = {
+    "finish": "the session's last segment: the agent finished (or the gateway closed) the session",
+    "after_length_cut": "the agent went on after a turn cut by max_tokens (nothing was rewritten: a cut turn "
+    "has no end-of-turn token, so the next messages cannot extend the stream)",
+    "after_failed_request": "the agent went on without the model's turn, after a request that failed",
+    "rewrite": "the agent rewrote its history (messages dropped, edited or reordered, the tools changed, an "
+    "assistant message the model did not sample) or the template is not append-only here",
+}
+"""Values of a gateway trajectory's ``meta.extra["segment_end"]``: why its segment ended."""
 
 _MAX_CANDIDATES = 8
 """Samples of one prompt kept while the agent has not said which it used (retries beyond this drop the
@@ -155,6 +165,7 @@ class _Segment:
     closed: StopReason | None = None
     last: Candidate | None = None
     ended_by: str = "finish"
+    """Why the segment ended: one of :data:`SEGMENT_ENDS`."""
 
 
 class Session:
@@ -249,7 +260,9 @@ class Session:
             return tuple(seg.ids)
         if not self.candidates:
             return self._rewrite(
-                req, "the conversation goes on without the model's turn (its request failed)"
+                req,
+                "the conversation goes on without the model's turn (its request failed)",
+                end="after_failed_request",
             )
         cand = next((c for c in reversed(self.candidates) if c.wire == rest[0]), None)
         if cand is None:
@@ -259,7 +272,9 @@ class Session:
         if any(m.role == "assistant" for m in new):
             return self._rewrite(req, "the request adds an assistant message the model did not sample")
         if not self.renderer.is_stop(cand.gen.token_ids[-1]):
-            return self._rewrite(req, "the conversation goes on after a turn cut by max_tokens")
+            return self._rewrite(
+                req, "the conversation goes on after a turn cut by max_tokens", end="after_length_cut"
+            )
         if self.turns >= self.config.max_turns:  # like a native episode, the stream ends with the turn
             seg.closed = StopReason.MAX_TURNS
             raise self._closed_error(seg)
@@ -364,12 +379,14 @@ class Session:
         self.candidates = []
         return prompt.token_ids
 
-    def _rewrite(self, req: ChatRequest, why: str) -> tuple[int, ...]:
+    def _rewrite(self, req: ChatRequest, why: str, *, end: str = "rewrite") -> tuple[int, ...]:
+        """End the current segment (``segment_end`` = ``end``, see :data:`SEGMENT_ENDS`) and start a new one
+        rendered afresh from ``req``."""
         seg = self.current
         assert seg is not None
         if self.candidates:  # the answer the agent got last ends the old stream
             self._commit(seg, self.candidates[-1], self.candidates[-1].wire)
-        seg.ended_by = "rewrite"
+        seg.ended_by = end
         self.rewrites.append(why)
         return self._start(req)
 

@@ -3,7 +3,8 @@
 PATH is a run directory (made by ``agentrl train``) or a ``trajectories.jsonl``. With no mode flag the
 trajectories matching the filters are listed; the modes can be combined::
 
-    agentrl replay RUN                              # list (index, step, group, reward, stop, tools, question)
+    agentrl replay RUN                              # list (index, step, group, reward, stop, tools, question;
+                                                    # gateway records also their session#segment)
     agentrl replay RUN --tool-status error --max-reward 0
     agentrl replay RUN --show 7 --tokens --advantages
     agentrl replay RUN --html run.html --advantages --recompute
@@ -11,6 +12,7 @@ trajectories matching the filters are listed; the modes can be combined::
     agentrl replay RUN --check                      # consistency of every record (mask, log-probs, tools)
     agentrl replay RUN --recompute [--model DIR]    # training-inference mismatch
     agentrl replay RUN --step 3                     # list step 3 and reproduce its advantages and loss
+    agentrl replay RUN --step 3 --no-reproduce      # only list step 3's episodes
 
 Exit status: 0 when everything matched, 1 when a check, re-execution, re-score or reproduction found a
 difference (or ``--max-diff`` was exceeded), 2 on a usage or configuration error.
@@ -50,7 +52,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("path", help="a run directory or a trajectories.jsonl file")
     f = p.add_argument_group("filters (listing, --check, --reexec, --rescore, --recompute, --html)")
     f.add_argument(
-        "--step", type=int, help="training step (meta.step); alone on a run dir it also reproduces it"
+        "--step",
+        type=int,
+        help="training step (meta.step); alone on a run dir it also reproduces it (add --no-reproduce to "
+        "only list its episodes)",
     )
     f.add_argument("--group", help="group id prefix or task id")
     f.add_argument("--min-reward", type=float, help="total reward >= this")
@@ -163,12 +168,26 @@ def _list_row(i: int, t: Trajectory) -> dict[str, Any]:
         "tools": counts,
         "errors": len(t.errors),
         "question": _question(t),
+        # gateway trajectories: the session and its segment (a session splits after a rewrite or a cut turn)
+        "session_id": t.meta.extra.get("session_id"),
+        "segment": t.meta.extra.get("segment"),
+        "segment_end": t.meta.extra.get("segment_end"),
     }
 
 
+def _session_cell(r: dict[str, Any]) -> str:
+    if r["session_id"] is None:
+        return "-"
+    end = "" if r["segment_end"] in (None, "finish") else f" {r['segment_end']}"
+    return f"{str(r['session_id'])[:8]}#{r['segment'] or 0}{end}"
+
+
 def _print_list(rows: list[dict[str, Any]], matched: int, total: int) -> None:
+    sessions = any(r["session_id"] is not None for r in rows)  # a column only for gateway records
+    width = max(15, *(len(_session_cell(r)) for r in rows)) if sessions else 0
+    head = f"{'session#segment':{width}} " if sessions else ""
     print(
-        f"{'#':>4} {'step':>4} {'group':8} {'reward':>6} {'stop':13} {'turns':>5} {'tok':>5}  "
+        f"{'#':>4} {'step':>4} {'group':8} {head}{'reward':>6} {'stop':13} {'turns':>5} {'tok':>5}  "
         f"{'tools':16} question"
     )
     for r in rows:
@@ -176,8 +195,9 @@ def _print_list(rows: list[dict[str, Any]], matched: int, total: int) -> None:
         if r["errors"]:
             tools += f" !{r['errors']}"
         step = "-" if r["step"] is None else r["step"]
+        cell = f"{_session_cell(r):{width}} " if sessions else ""
         print(
-            f"{r['index']:>4} {step:>4} {r['group'][:8]:8} {r['reward']:>6.2f} {r['stop_reason']:13} "
+            f"{r['index']:>4} {step:>4} {r['group'][:8]:8} {cell}{r['reward']:>6.2f} {r['stop_reason']:13} "
             f"{r['turns']:>5} {r['model_tokens']:>5}  {tools:16} {r['question']}"
         )
     if len(rows) < matched:
@@ -213,7 +233,11 @@ def _indent(text: str, n: int = 6) -> str:
 def _print_reexec(reports: Sequence[ReexecReport]) -> None:
     decoded = sum(r.actions_source == "decoded" for r in reports)
     if decoded:
-        print(f"note: {decoded} trajectories record no actions; replayed their decoded model turns instead")
+        print(
+            f"note: {decoded} trajectories record no actions (written before trajectories stored the text "
+            "handed to Env.step); replayed the model turns decoded from their tokens instead: those ending "
+            "with a stop token, which are exactly the turns the rollout handed to the env"
+        )
     for r in reports:
         head = f"trajectory {r.index} (episode {r.episode_id[:12]}, {r.env_id} seed {r.seed})"
         if r.error:
@@ -221,6 +245,8 @@ def _print_reexec(reports: Sequence[ReexecReport]) -> None:
             continue
         n = len(r.calls)
         print(f"{head}: {n} tool call(s), {'all identical' if r.ok else 'DIFFERENT'}")
+        if r.actions_source == "none":
+            print("  no model turn reached the env (each was cut by a token limit): only reset was replayed")
         if not r.reset_identical:
             print("  reset: the initial observation differs")
             print(_indent(r.reset_diff))
@@ -240,8 +266,21 @@ def _print_reexec(reports: Sequence[ReexecReport]) -> None:
                 what = "observation" if not s.observation_identical else "parsed assistant message"
                 print(f"  turn {s.turn}: the {what} differs")
                 print(_indent(s.diff))
-        if r.replayed_end != r.recorded_end and r.steps and not any(s.error for s in r.steps):
-            print(f"  end (terminated, truncated): recorded {r.recorded_end}, replayed {r.replayed_end}")
+        if not r.end_matches and not any(s.error for s in r.steps):
+            why = f" (the rollout's {r.rollout_end} limit ended it)" if r.rollout_end else ""
+            print(
+                f"  end (terminated, truncated): recorded {r.recorded_end}{why}, expected "
+                f"{r.expected_end}, replayed {r.replayed_end}"
+            )
+    cut = sum(r.rollout_end is not None and r.end_matches for r in reports)
+    same = sum(r.ok for r in reports)
+    print(f"reexec: {same} of {len(reports)} trajectories replayed identically")
+    if cut:
+        print(
+            f"  {cut} of them were ended by the rollout's own limit (turn_tokens, max_tokens, max_turns, "
+            "template_mismatch), recorded truncated: the env never saw that end, so their replays end "
+            "(terminated, truncated) = (False, False), as expected"
+        )
 
 
 def _print_rescore(reports: Sequence[RescoreReport]) -> None:

@@ -4,6 +4,11 @@ Re-execution works through the ``Env`` contract alone: a fresh env (``agentrl.ma
 **env_kwargs)``) is reset with the recorded seed and fed the recorded actions in order; each observation,
 parsed assistant message, tool record and reward is compared with the recorded one. Every tool call runs
 again for real (the env's own tools and sandbox).
+
+The end flags are compared too. An episode that the rollout itself cut (its token or turn limit, or a
+template mismatch: :data:`ROLLOUT_ENDS`) is recorded truncated, but the env never saw that end: a turn
+cut mid-way is never handed to ``step``, and after the last allowed turn the rollout stops without asking
+the env. Its replay is therefore expected to end ``(False, False)``; any other end is a difference.
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ from agentrl.env import Env, as_step_result
 from agentrl.errors import ConfigError
 from agentrl.registry import make
 from agentrl.replay import actions_of, model_segments, turn_layout
-from agentrl.types import Action, Message, ToolRecord, Trajectory
+from agentrl.types import Action, Message, StopReason, ToolRecord, Trajectory
 
 __all__ = [
+    "ROLLOUT_ENDS",
     "CallReplay",
     "ReexecReport",
     "RescoreReport",
@@ -34,6 +40,12 @@ __all__ = [
     "reexec",
     "rescore",
 ]
+
+
+ROLLOUT_ENDS = frozenset(
+    {StopReason.TURN_TOKENS, StopReason.MAX_TOKENS, StopReason.MAX_TURNS, StopReason.TEMPLATE_MISMATCH}
+)
+"""Stop reasons of episodes the rollout ended by its own limit, which the env never sees."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +106,8 @@ class ReexecReport:
     seed: int | None
     """Seed passed to ``reset`` (None: the record has none; the task may differ)."""
     actions_source: str
-    """``recorded`` (``Trajectory.actions``) or ``decoded`` (from the model tokens)."""
+    """``recorded`` (``Trajectory.actions``), ``decoded`` (from the model tokens) or ``none`` (no turn ended
+    with a stop token, so none reached the env: only ``reset`` is replayed)."""
     reset_identical: bool
     """``reset`` returned the recorded initial messages."""
     reset_diff: str
@@ -109,6 +122,19 @@ class ReexecReport:
     """(terminated, truncated) of the replay's last step."""
     error: str = ""
     """Why the replay could not run at all (env construction or reset failed)."""
+    rollout_end: str | None = None
+    """The recorded stop reason when the rollout's own limit ended the episode (:data:`ROLLOUT_ENDS`)."""
+
+    @property
+    def expected_end(self) -> tuple[bool, bool]:
+        """The end the replay must reach: the recorded one, or ``(False, False)`` when the rollout's own limit
+        ended the episode (the env never saw that end)."""
+        return (False, False) if self.rollout_end is not None else self.recorded_end
+
+    @property
+    def end_matches(self) -> bool:
+        """The replay ended as expected."""
+        return self.replayed_end == self.expected_end
 
     @property
     def different_calls(self) -> tuple[CallReplay, ...]:
@@ -117,10 +143,12 @@ class ReexecReport:
 
     @property
     def ok(self) -> bool:
-        """Everything replayed identically: reset, every observation, assistant message and tool call."""
+        """Everything replayed identically: reset, every observation, assistant message and tool call, and
+        the end (:attr:`expected_end`)."""
         return (
             not self.error
             and self.reset_identical
+            and self.end_matches
             and not self.different_calls
             and all(s.observation_identical and s.assistant_identical and not s.error for s in self.steps)
         )
@@ -230,6 +258,7 @@ async def areexec(
             seed=traj.meta.seed,
             actions_source=source,
             recorded_end=(traj.terminated, traj.truncated),
+            rollout_end=traj.stop_reason.value if traj.stop_reason in ROLLOUT_ENDS else None,
             **kw,
         )
 
