@@ -205,3 +205,21 @@ def test_models_that_cannot_pack_fall_back_to_padding(caplog):
             token_mask_B_T=b.loss_mask_B_T,
         )
     assert (lp - want.logprobs_B_T).abs().max() < 2e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_learner_packed_equals_padded_on_cuda(autocast):
+    """SDPA on CUDA (and the machine's transformers) detects the packed sequences: packed == padded."""
+    model = tiny_qwen2().cuda()
+    assert packing_support(model) is None
+    b = ragged_batch([13, 5, 30, 22, 1, 9, 17, 26], seed=3).to("cuda")
+    adv = torch.randn(b.input_ids_B_T.shape, generator=torch.Generator().manual_seed(4)).cuda()
+    padded, packed = _learners(model, micro_batch_tokens=48, chunk_size=7, bf16_autocast=autocast)
+    (lp0, _), (lp1, _) = padded.score(b), packed.score(b)
+    tol = 0.05 if autocast else 1e-4
+    assert (lp1 - lp0).abs().max() < tol
+    s0, s1 = padded.step(b, adv), packed.step(b, adv)
+    assert s1.loss == pytest.approx(s0.loss, rel=tol, abs=tol)
+    assert s1.grad_norm == pytest.approx(s0.grad_norm, rel=0.05 if autocast else 1e-3)
