@@ -407,6 +407,12 @@ def markdown(res: dict[str, Any]) -> str:
             f"{r['peak_gib']:.2f} |"
         )
         lines.append(row + (f" {r['mfu']:.1%} |" if cuda else ""))
+    each = "; ".join(f"{n} " + ", ".join(f"{t:.2f}" for t in r["seconds"]) for n, r in v.items())
+    lines += [
+        "",
+        f"Each timed update, in seconds (alternating): {each}. The same micro-batch budget with right-padded",
+        f"rows (the layout before packing) would pad {res['padded_layout_padding']:.1%} of its tokens.",
+    ]
     pad = v["agentrl"]["padding"]
     lines += ["", f"learner/floor: {res['learner_over_floor']:.2f}x, padding {pad:.0%}", ""]
     return "\n".join(lines)
