@@ -214,6 +214,7 @@ class SandboxedProcess:
         self._stderr_bytes = 0
         self._stderr_task = asyncio.ensure_future(self._drain_stderr(proc.stderr))
         self._killed = False
+        self._oom = False
 
     @property
     def pid(self) -> int:
@@ -228,7 +229,9 @@ class SandboxedProcess:
     @property
     def oom_killed(self) -> bool:
         """True when the memory cgroup killed a process of this sandbox."""
-        return self._cgroup is not None and self._cgroup.oom_kills() > self._oom_at_start
+        if self._cgroup is not None:
+            self._oom = self._oom or self._cgroup.oom_kills() > self._oom_at_start
+        return self._oom
 
     def stderr_tail(self) -> str:
         """The last few KB the program wrote to stderr (its crash message), decoded with replacement."""
@@ -268,6 +271,7 @@ class SandboxedProcess:
         if transport is not None:
             transport.close()
         if self._cgroup is not None:
+            _ = self.oom_killed  # read the counter while the cgroup still exists
             cg, self._cgroup = self._cgroup, None
             for _ in range(200):
                 if cg.remove():

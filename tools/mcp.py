@@ -160,7 +160,7 @@ class MCPServer:
         copy = object.__new__(MCPServer)
         copy.__dict__.update(self.__dict__)
         copy.launcher = launcher
-        copy._shared, copy._own = {}, None
+        copy._own = None  # its own tools() session; the shared sessions (one dict) stay common to all copies
         return copy
 
     # -- sessions --------------------------------------------------------------------------------------
@@ -214,8 +214,10 @@ class MCPServer:
             session = await self.open_session()
             try:
                 specs = await session.list_tools(self.start_timeout)
-            except (ServerGone, TimeoutError) as e:
-                raise SandboxError(f"could not list the tools of {self.label}: {e or 'timed out'}") from None
+            except TimeoutError:
+                raise SandboxError(f"{self.label} did not list its tools in {self.start_timeout:g} s") from None
+            except Exception as e:  # the server ended, or answered tools/list with an error
+                raise SandboxError(f"could not list the tools of {self.label}: {e}") from None
             finally:
                 await session.close()
             self._specs = _check_specs(self, specs)
