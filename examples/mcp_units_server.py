@@ -1,6 +1,7 @@
 """A small stdio MCP server for the MCP example env (``examples/mcp_units_env.py``) and the tests.
 
-Run by an ``agentrl.tools.mcp.MCPServer``: ``MCPServer(command=[sys.executable, "examples/mcp_units_server.py"])``.
+Run by an ``agentrl.tools.mcp.MCPServer``:
+``MCPServer(command=[sys.executable, "examples/mcp_units_server.py"])``.
 It has two kinds of tools: ``convert`` (exact unit conversion, stateless) and ``remember``/``recall`` (a
 notebook kept in the server process, so it shows that each episode gets its own server). Only the official
 SDK's server side (``mcp.server.mcpserver.MCPServer``) is used.

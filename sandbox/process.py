@@ -1,4 +1,4 @@
-"""``ProcessSandbox``: a long-lived sandboxed process with pipes (an MCP server, a terminal, a SWE agent's shell).
+"""``ProcessSandbox``: a long-lived sandboxed process with pipes (an MCP server, a terminal, a shell).
 
 :class:`~agentrl.sandbox.LocalSandbox` runs *code* in a Python REPL it controls. Some tools are a *program*
 that must stay up for a whole episode and talk over its stdin/stdout: a stdio MCP server, a shell. This
@@ -121,17 +121,18 @@ class ProcessSandbox:
         args = [os.path.abspath(exe), *argv[1:]]
         binds = list(self.ro_binds)
         if self.bind_argv_files:
-            for i, a in enumerate(args[1:], 1):
-                if os.sep in a or a.endswith(".py"):
-                    if os.path.isfile(a):
-                        args[i] = os.path.abspath(a)  # the sandbox's working directory is /tmp
-                        binds.append(args[i])
+            for i, arg in enumerate(args[1:], 1):
+                if (os.sep in arg or arg.endswith(".py")) and os.path.isfile(arg):
+                    args[i] = os.path.abspath(arg)  # the sandbox's working directory is /tmp
+                    binds.append(args[i])
         bwrap = shutil.which("bwrap") or ("/usr/bin/bwrap" if os.access("/usr/bin/bwrap", os.X_OK) else None)
         if bwrap is None:
             raise SandboxError("bubblewrap (bwrap) is not installed; apt install bubblewrap")
         prlimit = shutil.which("prlimit")
         if prlimit is None:
-            raise SandboxError("prlimit (util-linux) is not installed; it sets the sandboxed process's rlimits")
+            raise SandboxError(
+                "prlimit (util-linux) is not installed; it sets the sandboxed process's rlimits"
+            )
         lim = self.limits
         try:
             cgroup = _cgroup.manager().create(lim.memory_bytes + lim.scratch_bytes, lim.max_processes)

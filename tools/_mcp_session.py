@@ -193,15 +193,18 @@ class Session:
             await self.close()
             if isinstance(e, asyncio.CancelledError):
                 raise
-            raise SandboxError(f"the MCP server {self.label} failed to start: {e!r}{self._stderr_note()}") from e
+            raise SandboxError(
+                f"the MCP server {self.label} failed to start: {e!r}{self._stderr_note()}"
+            ) from e
 
     async def _run(self, ready: asyncio.Future[None]) -> None:
         from mcp import ClientSession
 
         try:
             async with self._transport(self) as (read, write), ClientSession(read, write) as client:
-                init = asyncio.ensure_future(client.initialize())
-                await asyncio.wait({init, self.ended}, return_when=asyncio.FIRST_COMPLETED)
+                init: asyncio.Future[Any] = asyncio.ensure_future(client.initialize())
+                pending: set[asyncio.Future[Any]] = {init, self.ended}
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 if not init.done():
                     init.cancel()
                     with contextlib.suppress(BaseException):
@@ -239,7 +242,11 @@ class Session:
         cursor: str | None = None
         for _ in range(1000):
             params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-            page = await self.request(lambda c, p=params: c.list_tools(params=p), timeout)
+
+            def send(client: Any, params: Any = params) -> Any:
+                return client.list_tools(params=params)
+
+            page = await self.request(send, timeout)
             tools += page.tools
             cursor = page.next_cursor
             if not cursor:
@@ -316,7 +323,9 @@ def stdio_transport(
                     if not line.strip():
                         continue
                     try:
-                        item: Any = SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+                        item: Any = SessionMessage(
+                            types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+                        )
                     except ValueError as e:  # a stray print: the session reports it, the server lives on
                         item = e
                     await read_in.send(item)

@@ -76,8 +76,8 @@ class MCPServer:
             but an allow-list).
         sandboxed: Run a stdio server in the sandbox (default). ``False`` runs it as a plain subprocess with
             the host's files, network and environment: only for a server you trust.
-        launcher: What starts a sandboxed stdio server (``agentrl.sandbox.ProcessSandbox(limits, ro_binds=...)``);
-            a ``ToolEnv`` supplies the default one.
+        launcher: What starts a sandboxed stdio server
+            (``agentrl.sandbox.ProcessSandbox(limits, ro_binds=...)``); a ``ToolEnv`` supplies the default.
         prefix: Prepended to every tool name the model sees (``"units_"``), to keep servers apart.
         include: Only these tools of the server (by its names); default all.
         session: ``"episode"`` (default) or ``"shared"``; see :class:`SessionMode`.
@@ -105,9 +105,10 @@ class MCPServer:
     ):
         if (command is None) == (url is None):
             raise ConfigError("MCPServer needs exactly one of command=[...] (stdio) or url=... (HTTP)")
-        if command is not None:
-            if isinstance(command, str) or not command or not all(isinstance(c, str) for c in command):
-                raise ConfigError(f"command must be a non-empty list of strings, got {command!r}")
+        if command is not None and (
+            isinstance(command, str) or not command or not all(isinstance(c, str) for c in command)
+        ):
+            raise ConfigError(f"command must be a non-empty list of strings, got {command!r}")
         if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
             raise ConfigError(f"url must be an http(s) URL, got {url!r}")
         if url is not None and (env or launcher is not None):
@@ -131,7 +132,9 @@ class MCPServer:
         try:
             self.session_mode = SessionMode(session)
         except ValueError:
-            raise ConfigError(f"session must be one of {[m.value for m in SessionMode]}, got {session!r}") from None
+            raise ConfigError(
+                f"session must be one of {[m.value for m in SessionMode]}, got {session!r}"
+            ) from None
         self.call_timeout = float(call_timeout)
         self.start_timeout = float(start_timeout)
         self.max_output_chars = max_output_chars
@@ -215,7 +218,9 @@ class MCPServer:
             try:
                 specs = await session.list_tools(self.start_timeout)
             except TimeoutError:
-                raise SandboxError(f"{self.label} did not list its tools in {self.start_timeout:g} s") from None
+                raise SandboxError(
+                    f"{self.label} did not list its tools in {self.start_timeout:g} s"
+                ) from None
             except Exception as e:  # the server ended, or answered tools/list with an error
                 raise SandboxError(f"could not list the tools of {self.label}: {e}") from None
             finally:
@@ -321,7 +326,7 @@ class MCPTool:
         self.server = server
         self.remote_name: str = spec.name
         """The name the server knows the tool by (without the prefix)."""
-        self._name = server.prefix + spec.name
+        self._name: str = server.prefix + spec.name
         self.input_schema: dict[str, Any] = dict(spec.input_schema)
         description = spec.description or spec.title or f"The {spec.name} tool of an MCP server."
         self._schema = {
@@ -348,10 +353,11 @@ class MCPTool:
 
     async def __call__(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
         """Call the tool in the episode's session; see the module docstring for what each outcome becomes."""
-        problems = sorted(self._validator.iter_errors(dict(arguments)), key=lambda e: list(e.path))
+        problems: list[Any] = sorted(self._validator.iter_errors(dict(arguments)), key=lambda e: list(e.path))
         if problems:
-            where = lambda e: "/".join(map(str, e.path)) or "(arguments)"  # noqa: E731
-            text = "; ".join(f"{where(e)}: {e.message}" for e in problems[:5])
+            text = "; ".join(
+                f"{'/'.join(map(str, e.path)) or '(arguments)'}: {e.message}" for e in problems[:5]
+            )
             return ToolOutput(f"Error: bad arguments for {self._name!r}: {text}", ToolStatus.BAD_ARGUMENTS)
         session = await self._sessions.session()  # SandboxError when it cannot start: infrastructure
         timeout = self.server.call_timeout
@@ -422,8 +428,12 @@ def _check_specs(server: MCPServer, specs: Sequence[Any]) -> list[Any]:
         schema = spec.input_schema
         if not isinstance(schema, dict) or schema.get("type") != "object":
             raise ConfigError(f"{where}: its input schema must be a JSON object schema, got {schema!r:.200}")
-        if not isinstance(schema.get("properties", {}), dict) or not isinstance(schema.get("required", []), list):
-            raise ConfigError(f"{where}: 'properties' must be an object and 'required' a list: {schema!r:.200}")
+        if not isinstance(schema.get("properties", {}), dict) or not isinstance(
+            schema.get("required", []), list
+        ):
+            raise ConfigError(
+                f"{where}: 'properties' must be an object and 'required' a list: {schema!r:.200}"
+            )
         try:
             validator_for(schema).check_schema(schema)
         except SchemaError as e:

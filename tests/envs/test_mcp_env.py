@@ -85,7 +85,9 @@ async def test_a_server_crash_ends_the_episode_as_an_infrastructure_failure():
     try:
         result = await env.step(call("die", code=1))
         (record,) = result.tool_calls
-        assert record.status == ToolStatus.SANDBOX_ERROR and result.truncated and result.infra_error is not None
+        assert (
+            record.status == ToolStatus.SANDBOX_ERROR and result.truncated and result.infra_error is not None
+        )
     finally:
         await env.close()
 
@@ -110,9 +112,11 @@ def test_trains_a_step_and_replays_the_mcp_calls_from_the_cli(tmp_path, tok):
         env = agentrl.make(ENV)
         try:
             await env.reset(seed=5)
-            turns = [tok.encode(t) + [renderer.stop_token_ids[0]] for t in env.sample_actions()]
+            turns = [[*tok.encode(t), renderer.stop_token_ids[0]] for t in env.sample_actions()]
             policy = ScriptedPolicy(turns, stop_ids=renderer.stop_token_ids)
-            traj = await run_episode(env, policy, renderer, RolloutConfig(max_turns=3, max_new_tokens=128), seed=5)
+            traj = await run_episode(
+                env, policy, renderer, RolloutConfig(max_turns=3, max_new_tokens=128), seed=5
+            )
         finally:
             await env.close()
         with JsonlStore(tmp_path / "scripted.jsonl") as store:
@@ -124,7 +128,12 @@ def test_trains_a_step_and_replays_the_mcp_calls_from_the_cli(tmp_path, tok):
     assert " = " in traj.tool_calls[0].output
     out = subprocess.run(
         [*AGENTRL, "replay", str(tmp_path / "scripted.jsonl"), "--reexec", "--rescore"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "1 tool call(s), all identical" in out.stdout and "1 of 1 rewards reproduced" in out.stdout, out.stdout
+    assert "1 tool call(s), all identical" in out.stdout and "1 of 1 rewards reproduced" in out.stdout, (
+        out.stdout
+    )

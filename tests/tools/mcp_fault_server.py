@@ -9,7 +9,6 @@ import asyncio
 import os
 import socket
 import sys
-import time
 
 if "--exit-at-start" in sys.argv:
     print("fault server: refusing to start (asked to)", file=sys.stderr, flush=True)
@@ -98,7 +97,13 @@ def hog(megabytes: int) -> str:
 def bad_schema_server() -> Server:
     async def list_tools(ctx, params):
         return types.ListToolsResult(
-            tools=[types.Tool(name="broken", description="A tool with a bad schema.", input_schema={"type": "object", "properties": {"a": {"type": "banana"}}})]
+            tools=[
+                types.Tool(
+                    name="broken",
+                    description="A tool with a bad schema.",
+                    input_schema={"type": "object", "properties": {"a": {"type": "banana"}}},
+                )
+            ]
         )
 
     async def call_tool(ctx, params):

@@ -57,7 +57,10 @@ async def test_lists_the_servers_tools_with_their_schemas_and_calls_them(sandbox
         assert out.status == ToolStatus.ERROR and "cannot convert length (foot) to mass (kg)" in out.content
         out = await tools["units_convert"]({"value": "three", "from_unit": "foot"}, CTX)
         assert out.status == ToolStatus.BAD_ARGUMENTS
-        assert "'to_unit' is a required property" in out.content and "'three' is not of type 'number'" in out.content
+        assert (
+            "'to_unit' is a required property" in out.content
+            and "'three' is not of type 'number'" in out.content
+        )
         # State lives in the server process for the life of the session.
         assert (await tools["units_remember"]({"key": "k", "value": "v1"}, CTX)).content == "noted 'k'"
         assert (await tools["units_recall"]({"key": "k"}, CTX)).content == "v1"
@@ -105,7 +108,9 @@ async def test_an_unsandboxed_server_is_an_explicit_opt_out_and_sees_the_host(mo
 
 
 async def test_a_tool_that_raises_an_oversized_output_and_a_hang(sandbox):
-    server = MCPServer(command=FAULTS, launcher=sandbox, call_timeout=3, max_output_chars=1000, max_message_bytes=1 << 20)
+    server = MCPServer(
+        command=FAULTS, launcher=sandbox, call_timeout=3, max_output_chars=1000, max_message_bytes=1 << 20
+    )
     async with server:
         t = by_name(await server.tools())
         out = await t["boom"]({"message": "kaput"}, CTX)
@@ -136,7 +141,9 @@ async def test_a_server_that_dies_mid_call_is_an_infrastructure_failure(sandbox)
         message = str(caught.value)
         assert "closed its output" in message and "dying mid-call" in message
         # Through the executor it is a sandbox_error record (the rollout drops the episode, never reward 0).
-        (record,) = await ToolExecutor(tools).run(ParsedTurn("", (ToolCall("c", "die", '{"code": 4}'),)), CTX, turn=0)
+        (record,) = await ToolExecutor(tools).run(
+            ParsedTurn("", (ToolCall("c", "die", '{"code": 4}'),)), CTX, turn=0
+        )
         assert record.status == ToolStatus.SANDBOX_ERROR and record.status.is_infra
         assert (await t["count"]({}, CTX)).content == "1"  # the next call starts a fresh server
 
@@ -176,7 +183,9 @@ def _free_port() -> int:
 
 async def test_a_streamable_http_server():
     port = _free_port()
-    proc = subprocess.Popen([*FAULTS, "--http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*FAULTS, "--http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         for _ in range(300):
             try:
