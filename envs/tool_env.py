@@ -95,6 +95,9 @@ class ToolEnv(Env):
         limits: Resource limits handed to tools (the sandbox clamps them to its own maximum).
         tools_in_prompt: Render the tool instructions into the system prompt (default). ``False`` leaves
             them out and exposes the schemas as ``self.tools`` for a chat template that renders tools itself.
+        tool_format: Overrides ``parser`` with a format by name (``"mistral"``, ``"harmony"``, ...: the keys of
+            ``agentrl.tools.PARSERS``), so a run can pick the format of the model it trains without editing
+            the env: ``agentrl train --env_kwargs '{"tool_format": "llama3_json"}'``.
     """
 
     system_prompt: str = ""
@@ -113,7 +116,10 @@ class ToolEnv(Env):
         sandbox_pool: SandboxSource | None = None,
         limits: Limits | None = None,
         tools_in_prompt: bool = True,
+        tool_format: str | None = None,
     ):
+        if tool_format is not None:  # a run's choice (--env_kwargs) wins over the subclass's default
+            parser = tool_format
         if sandbox_factory is not None and sandbox_pool is not None:
             raise ConfigError("give sandbox_factory or sandbox_pool, not both")
         tools, self._mcp = _mcp.expand(tools, _process_sandbox)

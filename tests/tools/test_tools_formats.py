@@ -273,3 +273,12 @@ def test_registry_and_template_detection():
     assert detect_tool_format("<|start_header_id|>ipython<|end_header_id|>") == "llama3_json"
     assert detect_tool_format("{{ message.content }}") is None and detect_tool_format(None) is None
     assert ToolExecutor([add]).tools["add"] is not None
+
+
+def test_tool_format_overrides_the_envs_own_parser():
+    from agentrl.errors import ConfigError
+
+    env = Adder(parser="hermes", tool_format="mistral")
+    assert env.parser.name == "mistral" and "[TOOL_CALLS]" in env._system
+    with pytest.raises(ConfigError, match="unknown tool-call parser 'klingon'"):
+        Adder(tool_format="klingon")
