@@ -95,7 +95,7 @@ class ToolEnv(Env):
         limits: Resource limits handed to tools (the sandbox clamps them to its own maximum).
         tools_in_prompt: Render the tool instructions into the system prompt (default). ``False`` leaves
             them out and exposes the schemas as ``self.tools`` for a chat template that renders tools itself.
-        tool_format: Overrides ``parser`` with a format by name (``"mistral"``, ``"harmony"``, ...: the keys of
+        tool_format: Overrides ``parser`` with a format by name (``"mistral"``, ``"harmony"``, ...: a key of
             ``agentrl.tools.PARSERS``), so a run can pick the format of the model it trains without editing
             the env: ``agentrl train --env_kwargs '{"tool_format": "llama3_json"}'``.
     """
