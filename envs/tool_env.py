@@ -235,6 +235,8 @@ class ToolEnv(Env):
             if final.assistant_message is None:
                 final = dataclasses.replace(final, assistant_message=assistant)
             return final
+        if self._mcp:  # start MCP servers outside the calls' time limit (a slow start is not the model's)
+            await _mcp.start_sessions(self._mcp, {c.name for c in parsed.calls})
         records = await self.executor.run(parsed, self.context, turn=turn)
         result = StepResult(self.tool_messages(records), assistant_message=assistant, tool_calls=records)
         if result.infra_error is not None:  # the rollout ends the episode as sandbox_error

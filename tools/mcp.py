@@ -30,6 +30,7 @@ Guarantees (the same as every agentrl tool):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -51,7 +52,16 @@ from ._mcp_session import (
 )
 from ._text import cap_text
 
-__all__ = ["MCPServer", "MCPSessions", "MCPTool", "ProcessLauncher", "ServerProcess", "SessionMode", "expand"]
+__all__ = [
+    "MCPServer",
+    "MCPSessions",
+    "MCPTool",
+    "ProcessLauncher",
+    "ServerProcess",
+    "SessionMode",
+    "expand",
+    "start_sessions",
+]
 
 MiB = 1024 * 1024
 _INVALID_PARAMS = -32602
@@ -282,17 +292,23 @@ class MCPSessions:
         specs = server.list_specs_sync() if server._specs is None else server._specs
         self.tools = tuple(MCPTool(server, spec, self) for spec in specs)
         self._session: Session | None = None
-        self._restarted = False
+        self._start_error: SandboxError | None = None
 
     async def session(self) -> Session:
         """The episode's session, opened now if needed (a shared one in ``session="shared"`` mode)."""
         if self.server.session_mode is SessionMode.SHARED:
             return await self.server.shared_session()
+        if self._start_error is not None:  # this episode's server failed to start: do not wait again
+            raise SandboxError(str(self._start_error))
         if self._session is None or not self._session.alive:
             old, self._session = self._session, None
             if old is not None:
                 await old.close()
-            self._session = await self.server.open_session()
+            try:
+                self._session = await self.server.open_session()
+            except SandboxError as e:
+                self._start_error = e
+                raise
         return self._session
 
     async def restart(self) -> None:
@@ -307,6 +323,7 @@ class MCPSessions:
 
     async def reset(self) -> None:
         """End the episode's session (a new episode starts with a fresh one)."""
+        self._start_error = None
         session, self._session = self._session, None
         if session is not None:
             await session.close()
@@ -442,6 +459,16 @@ def _check_specs(server: MCPServer, specs: Sequence[Any]) -> list[Any]:
     if len(set(names)) != len(names):
         raise ConfigError(f"{server.label} lists a tool name twice: {names}")
     return kept
+
+
+async def start_sessions(holders: Iterable[MCPSessions], names: Collection[str]) -> None:
+    """Open the sessions of the servers whose tools are in ``names`` (a turn's calls) before the calls run,
+    outside their time limit: a server that is slow to start must not be recorded as the model's timeout. A
+    start that fails is remembered; the calls to that server then report it as ``sandbox_error``."""
+    for holder in holders:
+        if any(t.name in names for t in holder.tools):
+            with contextlib.suppress(SandboxError):
+                await holder.session()
 
 
 def expand(

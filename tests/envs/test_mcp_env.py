@@ -137,3 +137,15 @@ def test_trains_a_step_and_replays_the_mcp_calls_from_the_cli(tmp_path, tok):
     assert "1 tool call(s), all identical" in out.stdout and "1 of 1 rewards reproduced" in out.stdout, (
         out.stdout
     )
+
+
+async def test_a_slow_server_start_is_not_the_models_timeout():
+    """The episode's server starts before the turn's calls run, outside the env's per-call time limit."""
+    faults = [sys.executable, str(ROOT / "tests" / "tools" / "mcp_fault_server.py"), "--slow-start", "4"]
+    env = Notes(MCPServer(command=faults, include=["echo"]), tool_timeout=3)
+    await env.reset(seed=0)
+    try:
+        (record,) = (await env.step(call("echo", text="late"))).tool_calls
+        assert (record.status, record.output) == (ToolStatus.OK, "late")
+    finally:
+        await env.close()

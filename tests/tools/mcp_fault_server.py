@@ -9,10 +9,14 @@ import asyncio
 import os
 import socket
 import sys
+import time
 
 if "--exit-at-start" in sys.argv:
     print("fault server: refusing to start (asked to)", file=sys.stderr, flush=True)
     sys.exit(7)
+
+if "--slow-start" in sys.argv:  # a server that takes a while before it speaks MCP
+    time.sleep(float(sys.argv[sys.argv.index("--slow-start") + 1]))
 
 import mcp.types as types
 from mcp.server.lowlevel import Server
