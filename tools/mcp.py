@@ -65,6 +65,7 @@ __all__ = [
 
 MiB = 1024 * 1024
 _INVALID_PARAMS = -32602
+_CONNECTION_CLOSED = -32000  # JSON-RPC's "server error" code the SDK uses when the transport ended
 
 
 class SessionMode(StrEnum):
@@ -397,8 +398,13 @@ class MCPTool:
                     detail=str(e),
                 )
             raise SandboxError(f"{self._name!r}: {e}") from None
-        except Exception as e:  # a JSON-RPC error answer, or a result the SDK refused
+        except Exception as e:  # a JSON-RPC error answer, a result the SDK refused, or a lost connection
             code = getattr(e, "code", None)
+            if code == _CONNECTION_CLOSED or isinstance(e, OSError) or type(e).__module__.startswith("httpx"):
+                await self._sessions.restart()  # the server went away mid-call (an HTTP server died)
+                raise SandboxError(
+                    f"{self._name!r}: the connection to {self.server.label} failed: {e}"
+                ) from None
             status = ToolStatus.BAD_ARGUMENTS if code == _INVALID_PARAMS else ToolStatus.ERROR
             return ToolOutput(f"Error: {cap_text(str(e), 1000)}", status, detail=repr(e))
         text = render_result(result)

@@ -198,6 +198,8 @@ async def test_a_streamable_http_server():
             assert (await t["f_echo"]({"text": "over http"}, CTX)).content == "over http"
             out = await t["f_boom"]({"message": "remote"}, CTX)
             assert out.status == ToolStatus.ERROR and "boom: remote" in out.content
+            with pytest.raises(SandboxError, match="the connection to http"):  # the server dies mid-call
+                await t["f_die"]({"code": 3}, CTX)
     finally:
         proc.kill()
         proc.wait()
