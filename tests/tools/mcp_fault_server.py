@@ -89,15 +89,6 @@ def probe() -> dict[str, str]:
     return out
 
 
-@app.tool()
-def hog(megabytes: int) -> str:
-    """Allocate and touch this many MB."""
-    block = bytearray(megabytes * 1024 * 1024)
-    for i in range(0, len(block), 4096):
-        block[i] = 1
-    return f"allocated {megabytes} MB"
-
-
 def bad_schema_server() -> Server:
     async def list_tools(ctx, params):
         return types.ListToolsResult(
