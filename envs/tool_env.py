@@ -56,6 +56,7 @@ from agentrl import (
 )
 from agentrl.errors import ConfigError, EnvContractError, SandboxError
 from agentrl.tools import ParsedTurn, ToolCallParser, ToolExecutor, get_parser, parse_number
+from agentrl.tools import mcp as _mcp
 
 __all__ = ["SandboxFactory", "SandboxSource", "Task", "ToolEnv"]
 
@@ -81,7 +82,9 @@ class ToolEnv(Env):
     """An :class:`~agentrl.Env` whose model calls tools. Subclasses implement :meth:`make_task`.
 
     Args:
-        tools: Tools or documented functions (wrapped with ``@tool``).
+        tools: Tools or documented functions (wrapped with ``@tool``); an ``agentrl.tools.mcp.MCPServer``
+            expands into its tools, with a fresh server session per episode (a sandboxed stdio server runs
+            in ``agentrl.sandbox.ProcessSandbox`` unless it has a launcher of its own).
         parser: A :class:`~agentrl.tools.ToolCallParser` or its name (``"hermes"``, ``"python"``).
         system_prompt: The system message; the tool instructions replace ``{tools}`` in it, or follow it.
         fewshot: Worked-example messages between the system message and the task.
@@ -92,6 +95,9 @@ class ToolEnv(Env):
         limits: Resource limits handed to tools (the sandbox clamps them to its own maximum).
         tools_in_prompt: Render the tool instructions into the system prompt (default). ``False`` leaves
             them out and exposes the schemas as ``self.tools`` for a chat template that renders tools itself.
+        tool_format: Overrides ``parser`` with a format by name (``"mistral"``, ``"harmony"``, ...: a key of
+            ``agentrl.tools.PARSERS``), so a run can pick the format of the model it trains without editing
+            the env: ``agentrl train --env_kwargs '{"tool_format": "llama3_json"}'``.
     """
 
     system_prompt: str = ""
@@ -99,7 +105,7 @@ class ToolEnv(Env):
 
     def __init__(
         self,
-        tools: Iterable[Tool | Callable[..., Any]],
+        tools: Iterable[Tool | Callable[..., Any] | _mcp.MCPServer],
         *,
         parser: str | ToolCallParser = "hermes",
         system_prompt: str | None = None,
@@ -110,9 +116,13 @@ class ToolEnv(Env):
         sandbox_pool: SandboxSource | None = None,
         limits: Limits | None = None,
         tools_in_prompt: bool = True,
+        tool_format: str | None = None,
     ):
+        if tool_format is not None:  # a run's choice (--env_kwargs) wins over the subclass's default
+            parser = tool_format
         if sandbox_factory is not None and sandbox_pool is not None:
             raise ConfigError("give sandbox_factory or sandbox_pool, not both")
+        tools, self._mcp = _mcp.expand(tools, _process_sandbox)
         self.executor = ToolExecutor(tools, timeout=tool_timeout, max_calls_per_turn=max_calls_per_turn)
         self.parser = get_parser(parser)
         self.limits = limits
@@ -189,6 +199,8 @@ class ToolEnv(Env):
         info."""
         self.seed(seed)
         await self._release_sandbox()
+        for server in self._mcp:  # each episode starts with fresh MCP server sessions
+            await server.reset()
         options = dict(options or {})
         self.task = self.make_task(options)
         self.turn, self.done = 0, False
@@ -223,6 +235,8 @@ class ToolEnv(Env):
             if final.assistant_message is None:
                 final = dataclasses.replace(final, assistant_message=assistant)
             return final
+        if self._mcp:  # start MCP servers outside the calls' time limit (a slow start is not the model's)
+            await _mcp.start_sessions(self._mcp, {c.name for c in parsed.calls})
         records = await self.executor.run(parsed, self.context, turn=turn)
         result = StepResult(self.tool_messages(records), assistant_message=assistant, tool_calls=records)
         if result.infra_error is not None:  # the rollout ends the episode as sandbox_error
@@ -238,8 +252,10 @@ class ToolEnv(Env):
         )
 
     async def close(self) -> None:
-        """Give back the episode's sandbox session."""
+        """Give back the episode's sandbox session and end its MCP server sessions."""
         await self._release_sandbox()
+        for server in self._mcp:
+            await server.close()
         self.done = True
 
     # -- sandbox sessions --------------------------------------------------------------------------------
@@ -287,6 +303,13 @@ class ToolEnv(Env):
         sandbox, self._sandbox = self._sandbox, None
         if sandbox is not None:
             await sandbox.close()
+
+
+def _process_sandbox() -> _mcp.ProcessLauncher:
+    """The default launcher of sandboxed stdio MCP servers (imported lazily, like the sandbox backends)."""
+    from agentrl.sandbox.process import ProcessSandbox
+
+    return ProcessSandbox()
 
 
 class _EpisodeSandbox:

@@ -3,7 +3,8 @@
 Backends share one contract (:class:`agentrl.protocols.Sandbox`): ``LocalSandbox`` (bubblewrap on this
 machine, the default), ``DockerSandbox`` (a container from a local image, the ``docker`` SDK) and
 ``E2BSandbox`` (e2b's cloud, ``e2b-code-interpreter``). ``SandboxPool`` keeps warm sandboxes and applies
-back-pressure. The docker and e2b SDKs are imported only when those backends start. See
+back-pressure. ``ProcessSandbox`` runs a long-lived program (an MCP server) with pipes in the local
+sandbox. The docker and e2b SDKs are imported only when those backends start. See
 ``sandbox/README.md`` for the threat model.
 """
 
@@ -14,6 +15,7 @@ from .docker import DockerSandbox
 from .e2b import E2BSandbox
 from .local import LIMIT_NAMES, LocalSandbox, self_test
 from .pool import PoolStats, SandboxPool
+from .process import ProcessSandbox, SandboxedProcess
 from .selftest import SelfTestReport
 
 __all__ = [
@@ -24,7 +26,9 @@ __all__ = [
     "Limits",
     "LocalSandbox",
     "PoolStats",
+    "ProcessSandbox",
     "SandboxPool",
+    "SandboxedProcess",
     "SelfTestReport",
     "ToolStatus",
     "self_test",

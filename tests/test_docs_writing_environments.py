@@ -27,7 +27,7 @@ def _files(folder: Path) -> None:
 
 def test_the_tutorial_has_the_blocks_it_promises():
     langs = [lang for lang, _, _ in BLOCKS]
-    assert langs.count("bash") == 2 and langs.count("python") == 4 and langs.count("toml") == 1
+    assert langs.count("bash") == 3 and langs.count("python") == 7 and langs.count("toml") == 1
     (toml,) = [code for lang, _, code in BLOCKS if lang == "toml"]
     (group,) = tomllib.loads(toml)["project"]["entry-points"].values()
     assert group == {"my_envs": "my_package.envs"}
@@ -48,6 +48,7 @@ def test_python_blocks_run_in_order(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "1.0 terminated" in out
     assert "turn_tokens 0.0" in out and "Raise --rollout.max-new-tokens (now 16)" in out
+    assert "1.0 [('remember', <ToolStatus.OK: 'ok'>, \"noted 'w'\"), ('recall'" in out
 
 
 @pytest.mark.slow
@@ -68,7 +69,8 @@ def test_shell_blocks_check_train_replay_and_eval_from_the_cli(tmp_path):
             )
             assert out.returncode == 0, f"{line}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
             ran.append((argv[1], out.stdout))
-    assert [cmd for cmd, _ in ran] == ["check", "train", "replay", "replay", "eval"]
+    assert [cmd for cmd, _ in ran] == ["check", "train", "replay", "replay", "eval", "check"]
+    assert "NotesEnv: agentrl check_env passed" in ran[5][1]
     assert "Gymnasium check_env passed" in ran[0][1]
     cfg = json.loads((tmp_path / "runs" / "wordsort" / "config.json").read_text())
     assert cfg["env"] == f"{(tmp_path / 'my_env.py').resolve()}:WordSortEnv"

@@ -8,6 +8,9 @@ Shipped formats:
 
 * :class:`HermesParser` (``"hermes"``): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` JSON
   as in the Qwen2.5/Qwen3 and Hermes chat templates. Several calls per turn are allowed.
+* The formats of other model families (``formats.py``): ``"llama3_json"``, ``"mistral"``,
+  ``"qwen3_coder"``, ``"deepseek_v3"``, ``"harmony"`` (gpt-oss); :func:`detect_tool_format` names the one a
+  chat template renders.
 * :class:`PythonBlockParser` (``"python"``): tool-integrated reasoning. Every fenced ```python block is a
   call to the ``python`` tool; the model sees the output in an ```output block and ends with
   ``\boxed{}`` or an ``Answer:`` line.
@@ -20,15 +23,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
 
 from agentrl.errors import ConfigError
 from agentrl.protocols import Tool
 from agentrl.types import ToolCall, ToolStatus
 
+from ._calls import CallError, ParsedTurn, ToolCallParser, read_json_calls
 from .answers import extract_answer
+from .formats import DeepSeekV3Parser, HarmonyParser, LlamaJsonParser, MistralParser, Qwen3CoderParser
 
 __all__ = [
     "PARSERS",
@@ -39,62 +42,6 @@ __all__ = [
     "ToolCallParser",
     "get_parser",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class CallError:
-    """A tool call the model attempted but wrote wrongly."""
-
-    call_id: str
-    """Id of the attempted call in :attr:`ParsedTurn.calls`."""
-    status: ToolStatus
-    """Usually ``PARSE_ERROR``."""
-    message: str
-    """What to tell the model (what was wrong and the expected format)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedTurn:
-    """One model turn as a parser read it."""
-
-    content: str
-    """The message content to record next to ``calls`` (what a chat template shows as the content)."""
-    calls: tuple[ToolCall, ...] = ()
-    """Every attempted call in text order, malformed ones included (their ``arguments`` hold the raw text),
-    so that each tool reply has a call to answer."""
-    errors: tuple[CallError, ...] = ()
-    """The attempted calls that are malformed, by ``call_id``."""
-    answer: str | None = None
-    """The final answer the turn states (``\\boxed{}`` or ``Answer:``), outside code and calls."""
-
-    @property
-    def has_calls(self) -> bool:
-        """True when the model tried to call a tool (well-formed or not)."""
-        return bool(self.calls)
-
-    def error_for(self, call_id: str) -> CallError | None:
-        """The parse error of call ``call_id``, if it has one."""
-        return next((e for e in self.errors if e.call_id == call_id), None)
-
-
-@runtime_checkable
-class ToolCallParser(Protocol):
-    """Reads tool calls from model text and writes the matching instructions and result messages."""
-
-    name: str
-    """Short name (``"hermes"``, ``"python"``)."""
-
-    def parse(self, text: str, *, id_prefix: str = "call") -> ParsedTurn:
-        """Split a model turn into content, calls (ids ``{id_prefix}_{k}``) and parse errors. Never raises."""
-        ...
-
-    def format_instructions(self, tools: Sequence[Tool]) -> str:
-        """System-prompt text that teaches the model the tools and this call format."""
-        ...
-
-    def format_output(self, name: str, content: str) -> str:
-        """The text of the tool message that answers a call to ``name`` with ``content``."""
-        ...
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -132,43 +79,7 @@ class HermesParser:
 
     def _read(self, body: str) -> list[tuple[str, str, str]]:
         """``(name, raw arguments, problem)`` for each call in one block; ``problem`` is "" when fine."""
-        hint = f" Write each call as {self.FORMAT}"
-        if not body:
-            return [("", "", "Empty <tool_call> block." + hint)]
-        try:
-            obj = json.loads(body)
-        except ValueError as e:
-            guess = self._NAME.search(body)
-            return [
-                (
-                    guess.group(1) if guess else "",
-                    body,
-                    f"Could not parse the tool call: invalid JSON ({e}).{hint}",
-                )
-            ]
-        items = obj if isinstance(obj, list) and obj else [obj]
-        out = []
-        for item in items:
-            raw = body if len(items) == 1 else json.dumps(item, ensure_ascii=False)
-            if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
-                out.append(("", raw, 'The tool call needs a "name" string.' + hint))
-                continue
-            key = "arguments" if "arguments" in item else "parameters" if "parameters" in item else None
-            args: Any = item.get(key, {}) if key else {}
-            if isinstance(args, str):  # arguments JSON-encoded as a string: that string is the verbatim form
-                raw_args = args if args.strip() else "{}"
-                try:
-                    args = json.loads(raw_args)
-                except ValueError:
-                    out.append((item["name"], args, '"arguments" is not valid JSON.' + hint))
-                    continue
-            else:
-                raw_args = _raw_value(body, key, args) if key else "{}"
-            if not isinstance(args, dict):
-                out.append((item["name"], raw_args, '"arguments" must be a JSON object.' + hint))
-                continue
-            out.append((item["name"], raw_args, ""))
-        return out
+        return read_json_calls(body, f" Write each call as {self.FORMAT}", empty="Empty <tool_call> block.")
 
     def format_instructions(self, tools: Sequence[Tool]) -> str:
         """The system-prompt text that lists ``tools`` and the ``<tool_call>`` format."""
@@ -184,19 +95,6 @@ class HermesParser:
     def format_output(self, name: str, content: str) -> str:
         """Tool output as the model sees it: unchanged (the template wraps tool messages itself)."""
         return content
-
-
-def _raw_value(body: str, key: str, value: Any) -> str:
-    """The substring of ``body`` that spells ``value`` after ``"key":`` (arguments kept verbatim)."""
-    decoder = json.JSONDecoder()
-    for m in re.finditer(rf'"{re.escape(key)}"\s*:\s*', body):
-        try:
-            decoded, end = decoder.raw_decode(body, m.end())
-        except ValueError:
-            continue
-        if decoded == value:
-            return body[m.end() : end]
-    return json.dumps(value, ensure_ascii=False)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -249,16 +147,21 @@ class PythonBlockParser:
         return f"```output\n{content}\n```"
 
 
-PARSERS: dict[str, type[HermesParser] | type[PythonBlockParser]] = {
+PARSERS: dict[str, Callable[[], ToolCallParser]] = {
     "hermes": HermesParser,
     "qwen": HermesParser,
     "python": PythonBlockParser,
+    "llama3_json": LlamaJsonParser,
+    "mistral": MistralParser,
+    "qwen3_coder": Qwen3CoderParser,
+    "deepseek_v3": DeepSeekV3Parser,
+    "harmony": HarmonyParser,
 }
-"""Parsers by name, for :func:`get_parser`."""
+"""Parsers by name, for :func:`get_parser` (the formats of the model families are in ``formats.py``)."""
 
 
 def get_parser(parser: str | ToolCallParser) -> ToolCallParser:
-    """A parser instance from its name (``"hermes"``, ``"qwen"``, ``"python"``) or the parser itself."""
+    """A parser instance from its name (a key of :data:`PARSERS`) or the parser itself."""
     if isinstance(parser, str):
         try:
             return PARSERS[parser]()

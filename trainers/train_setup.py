@@ -41,6 +41,7 @@ from agentrl.trainers.runtime import TrainRuntime
 __all__ = [
     "RESUMABLE",
     "TrainConfig",
+    "env_arguments",
     "learner_config",
     "make_policy",
     "model_spec",
@@ -185,6 +186,12 @@ class TrainConfig:
             print(f"note: --group-size 1 gives {self.estimator} no baseline to subtract", file=sys.stderr)
         if not isinstance(self.env_kwargs, dict):
             raise ConfigError("--env-kwargs must be a JSON object")
+        fmt = self.rollout.tool_format
+        if fmt is not None and fmt != "auto":
+            from agentrl.tools import PARSERS
+
+            if fmt not in PARSERS:
+                raise ConfigError(f"--rollout.tool-format {fmt!r}: unknown; one of {sorted(PARSERS)} or auto")
         if self.rollout.top_p != 1.0:
             raise ConfigError(
                 f"--rollout.top-p {self.rollout.top_p}: the learner scores the full distribution, so nucleus "
@@ -343,10 +350,38 @@ async def publish_weights(sink: WeightSink, model: Any, version: int) -> None:
 def _env_kwargs(cfg: TrainConfig, pool: Any) -> dict[str, Any]:
     from agentrl.envs.tool_env import ToolEnv
 
-    kwargs = dict(cfg.env_kwargs)
+    kwargs = env_arguments(cfg)
     cls = agentrl.registry.entry_point(cfg.env)
     if isinstance(cls, type) and issubclass(cls, ToolEnv) and pool is not None:
         kwargs.setdefault("sandbox_pool", pool)
+    return kwargs
+
+
+def env_arguments(cfg: TrainConfig) -> dict[str, Any]:
+    """The env's constructor arguments: ``--env-kwargs`` plus, for a ToolEnv, the ``tool_format`` that
+    ``--rollout.tool-format`` names (``auto``: the format the model's chat template renders). Train, eval
+    and ``replay --reexec`` all build the env from this, so they read the model's calls the same way."""
+    from agentrl.envs.tool_env import ToolEnv
+
+    kwargs = dict(cfg.env_kwargs)
+    fmt = cfg.rollout.tool_format
+    cls = agentrl.registry.entry_point(cfg.env)
+    if fmt is None or not (isinstance(cls, type) and issubclass(cls, ToolEnv)):
+        return kwargs
+    if fmt == "auto":
+        from agentrl.models import load_tokenizer, smollm2_tokenizer
+        from agentrl.tools import detect_tool_format
+
+        folder = model_folder(cfg.model)
+        tok = smollm2_tokenizer() if folder is None else load_tokenizer(folder)
+        found = detect_tool_format(getattr(tok, "chat_template", None))
+        if found is None:
+            raise ConfigError(
+                f"--rollout.tool-format auto: the chat template of {cfg.model!r} renders no tool-call format "
+                "agentrl knows; name one (hermes, llama3_json, mistral, qwen3_coder, deepseek_v3, harmony)"
+            )
+        fmt = found
+    kwargs.setdefault("tool_format", fmt)
     return kwargs
 
 

@@ -77,8 +77,9 @@ class GatewayConfig:
     model_name: str = "agentrl-policy"
     """The model id that ``/v1/models`` lists and responses carry (any name is accepted in requests)."""
     parser: str = "hermes"
-    """Tool-call parser that reads calls out of the model's text: hermes (``<tool_call>{json}</tool_call>``)
-    or python (each ```python block is a call to the tool named python)."""
+    """Tool-call parser that reads calls out of the model's text: hermes (``<tool_call>{json}</tool_call>``),
+    python (each ```python block is a call to the tool named python), or a model family's format
+    (llama3_json, mistral, qwen3_coder, deepseek_v3, harmony): any key of ``agentrl.tools.PARSERS``."""
     tool_prompt: Literal["auto", "template", "system"] = "auto"
     """How request tools reach the model: template (the chat template renders them), system (the parser's
     instructions are appended to the system message, as ToolEnv does), auto (template when it renders

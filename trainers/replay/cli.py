@@ -36,6 +36,7 @@ from agentrl.trainers.replay.recompute import recompute, recompute_run
 from agentrl.trainers.replay.reexec import ReexecReport, RescoreReport, areexec_many
 from agentrl.trainers.replay.reproduce import StepReport, reproduce_step
 from agentrl.trainers.replay.weights import find_tokenizer, train_config
+from agentrl.trainers.train_setup import env_arguments
 from agentrl.types import StopReason, ToolStatus, Trajectory
 
 __all__ = ["add_parser", "run"]
@@ -466,7 +467,7 @@ def run(ns: argparse.Namespace) -> int:
             except json.JSONDecodeError as e:
                 raise ConfigError(f"--env-kwargs is not JSON: {e}") from e
         else:
-            env_kwargs = dict(train_config(rn).env_kwargs) if rn.run_dir is not None else {}
+            env_kwargs = env_arguments(train_config(rn)) if rn.run_dir is not None else {}
         if not isinstance(env_kwargs, dict):
             raise ConfigError("--env-kwargs must be a JSON object")
         needs_tok = any(not t.actions for t in trajs)
