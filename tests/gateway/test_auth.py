@@ -63,6 +63,11 @@ def test_non_loopback_hosts_need_a_key_or_an_explicit_flag():
     for host in ("0.0.0.0", "10.1.2.3", "::"):
         with pytest.raises(ConfigError, match="--api-key"):
             check_exposure(host, None, allow_unauthenticated=False)
+    argv = ["gateway", "--out", "x", "--host", "0.0.0.0", "--allow-unauthenticated", "true", "--api-key", "k"]
+    cfg = config_from_args(ServeConfig, build_parser().parse_args(argv))  # the flags as documented
+    assert (cfg.allow_unauthenticated, cfg.api_key, cfg.log_requests) == (True, "k", True)
+    ns = build_parser().parse_args(["gateway", "--out", "x", "--no-log-requests"])
+    assert config_from_args(ServeConfig, ns).log_requests is False
 
 
 def test_the_gateway_refuses_an_unauthenticated_public_host_before_binding(renderer, tmp_path, capsys):
@@ -71,7 +76,7 @@ def test_the_gateway_refuses_an_unauthenticated_public_host_before_binding(rende
         Gateway(scripted(renderer, ("x",)), renderer, host="0.0.0.0", port=0)
     out = tmp_path / "gw"
     assert main(["gateway", "--model", "tiny", "--out", str(out), "--host", "0.0.0.0", "--port", "0"]) == 2
-    assert "--allow-unauthenticated" in capsys.readouterr().err
+    assert "--allow-unauthenticated true" in capsys.readouterr().err
     assert not out.exists()  # refused before the model was loaded and anything was written
 
 

@@ -7,7 +7,7 @@ server; sessions still open are recorded as cancelled (never trained on).
 
 With --api-key KEY (or AGENTRL_GATEWAY_API_KEY in the environment) every request must carry
 ``Authorization: Bearer KEY`` (the openai client's api_key), else 401; without a key any is accepted, and a
---host other than a loopback address is refused unless --allow-unauthenticated is given. One line per
+--host other than a loopback address is refused unless --allow-unauthenticated true is given. One line per
 request (session, tokens, finish reason, latency, requests in flight) goes to stderr.
 """
 

@@ -97,7 +97,7 @@ def check_exposure(host: str, api_key: str | None, *, allow_unauthenticated: boo
             f"--host {host} would let anyone who reaches the port open sessions and finish them with any "
             "reward (writing trajectories and rewards into training); give the gateway a key (--api-key, or "
             "the AGENTRL_GATEWAY_API_KEY environment variable; agents send it as their api_key) or pass "
-            "--allow-unauthenticated if the network is trusted"
+            "--allow-unauthenticated true if the network is trusted"
         )
 
 
