@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -302,6 +303,12 @@ def _probe_packing(model: nn.Module) -> str | None:
     pos = torch.cat([torch.arange(7), torch.arange(5)])[None]
     was_training = model.training
     model.eval()
+    # Full fp32 matmuls (no TF32), so that rounding stays far below what a leak between sequences moves. (Some
+    # torch versions warn about this older switch; it still works.)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        precision = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("highest")
     try:
         with torch.no_grad(), torch.autocast(dev.type, enabled=False):
             pad = forward_logprobs(model, ids.to(dev), attn.to(dev), with_sum_pi_squared=False)
@@ -316,6 +323,9 @@ def _probe_packing(model: nn.Module) -> str | None:
         return f"packed forward failed ({type(e).__name__}: {e})"
     finally:
         model.train(was_training)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.set_float32_matmul_precision(precision)
     want = torch.cat([pad.logprobs_B_T[0], pad.logprobs_B_T[1, :5]])
     err = float((got.logprobs_B_T[0].double() - want.double()).abs().max())
     if not err < 1e-3:

@@ -259,9 +259,9 @@ def test_config_and_input_validation():
         {"dual_clip_c": 1.0},
         {"kl_coef": -1.0},
         {"max_grad_norm": 0.0},
-        {"micro_batch_tokens": 0},
+        {"micro_batch_tokens": -1},
         {"temperature": 0.0},
-        {"chunk_size": 0},
+        {"chunk_size": -1},
         {"lr": math.nan},
     ):
         with pytest.raises(ConfigError):
