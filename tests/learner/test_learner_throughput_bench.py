@@ -7,9 +7,12 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "learner_throughput.py"
 
 
+@pytest.mark.slow
 def test_learner_throughput_benchmark_runs(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("learner_throughput", SCRIPT)
     assert spec is not None and spec.loader is not None
