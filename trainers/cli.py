@@ -1,4 +1,4 @@
-"""The ``agentrl`` command: train, eval, check, plot, replay, gateway, envs."""
+"""The ``agentrl`` command: train, eval, check, plot, replay, gateway, export, envs."""
 
 from __future__ import annotations
 
@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     from agentrl.trainers.gateway import cli as gateway_cli
 
     gateway_cli.add_parser(sub)
+
+    from agentrl.trainers import export
+
+    export.add_parser(sub)
 
     sub.add_parser("envs", help="list registered environments")
     return parser
@@ -172,6 +176,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from agentrl.trainers import replay
 
             return replay.run(ns)
+        if ns.command == "export":
+            from agentrl.trainers import export
+
+            return export.run(ns)
         if ns.command == "gateway":
             from agentrl.trainers.gateway import cli as gateway_cli
 
