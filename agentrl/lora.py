@@ -73,9 +73,9 @@ class LoraConfig:
     dropout: float = 0.0
     """Dropout on the adapter's input during training steps (scoring and sampling never use it)."""
     targets: tuple[str, ...] = (_ALL_LINEAR,)
-    """Module name patterns that get adapters: names (``q_proj``) match a module whose name ends with them, as
-    peft matches; ``all-linear`` (the default) is every linear layer of the attention and MLP blocks (not the
-    LM head)."""
+    """Module name patterns that get adapters, comma-separated on the command line (``q_proj,v_proj``): a name
+    matches a module whose name ends with it, as peft matches; ``all-linear`` (the default) is every linear
+    layer of the attention and MLP blocks (not the LM head)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:

@@ -169,10 +169,48 @@ def test_eval_replay_and_export_read_a_lora_run(tmp_path, straight, tok, capsys)
     with torch.no_grad():
         assert (base(ids).logits - want).abs().max() > 1e-4  # the merged weights carry the trained adapter
 
-    capsys.readouterr()
-    assert cli_main(["replay", str(straight), "--step", "1", "--json"]) == 0
-    step = json.loads(capsys.readouterr().out)["step"]
-    assert step["matches"] and any(c["name"] == "learn/loss" for c in step["checks"])
+    for k in (0, 1):  # step 0 from the rebuilt base and seeded adapter, step 1 from its adapter checkpoint
+        capsys.readouterr()
+        assert cli_main(["replay", str(straight), "--step", str(k), "--json"]) == 0
+        step = json.loads(capsys.readouterr().out)["step"]
+        assert step["matches"] and any(c["name"] == "learn/grad_norm" for c in step["checks"])
+        assert ("adapter" in step["weights"]) and (k == 0 or "LoRA adapter on tiny" in step["weights"])
     args = ["eval", "--model", str(straight), "--env", "calculator-v0", "--tasks", "1", "--k", "1"]
     assert cli_main([*args, "--max-new-tokens", "4", "--max-turns", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["episodes"] == 1
+
+
+def test_the_cli_trains_lora_asynchronously_with_a_real_hf_sampler_of_its_own(tmp_path):
+    """`--lora.rank` from the command line, with --max-staleness 1: the HF sampler holds its own adapted copy
+    (the learner trains in a thread meanwhile) and takes each new adapter; an entropy bonus gives the tiny
+    model's zero-reward episodes a gradient, so the adapter moves every step."""
+    out = tmp_path / "cli"
+    args = [
+        "train",
+        "--model",
+        "tiny",
+        "--env",
+        "calculator-v0",
+        "--group-size",
+        "2",
+        "--groups-per-step",
+        "2",
+    ]
+    args += [
+        "--rollout.max-new-tokens",
+        "6",
+        "--rollout.max-turns",
+        "1",
+        "--eval.tasks",
+        "0",
+        "--no-progress",
+    ]
+    args += ["--steps", "2", "--max-staleness", "1", "--learner.lr", "1e-2", "--learner.entropy-coef", "0.1"]
+    args += ["--lora.rank", "4", "--lora.alpha", "8", "--lora.targets", "q_proj,v_proj", "--out", str(out)]
+    assert cli_main(args) == 0
+    syncs = read_syncs(RunDir(out))
+    assert [s.version for s in syncs] == [0, 1, 2]
+    assert all(s.sha256 == s.learner_sha256 for s in syncs) and len({s.sha256 for s in syncs}) == 3
+    adapter = _adapter(out, 2)
+    assert {k.split(".")[-3] for k in adapter} == {"q_proj", "v_proj"}
+    assert json.loads((out / "config.json").read_text())["lora"]["rank"] == 4
