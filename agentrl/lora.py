@@ -48,9 +48,12 @@ __all__ = [
     "adapter_state",
     "apply_lora",
     "base_record",
+    "is_adapted",
     "is_adapter_folder",
     "load_adapted",
     "published_state",
+    "read_base_record",
+    "saved_config",
 ]
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -309,33 +312,20 @@ def saved_config(folder: str | os.PathLike[str]) -> LoraConfig:
         raise StoreError(f"{path} is not a readable adapter config: {e}") from e
 
 
-def load_adapted(folder: str | os.PathLike[str], *, device: str = "cpu", dtype: str = "auto") -> Adapted:
-    """The base model an adapter folder names, with the adapter loaded, on ``device`` in ``dtype``.
-
-    The base is loaded in the dtype its checksum was taken in and checked against it before any cast, so an
-    adapter never silently lands on other weights.
+def load_adapted(folder: str | os.PathLike[str], base_model: Any) -> Adapted:
+    """The adapter saved in ``folder`` on ``base_model``: the base its record names, loaded in the record's
+    dtype (:func:`agentrl.models.load_adapter_folder` loads it). The base is checked against the record before
+    anything else, so an adapter never silently lands on other weights.
 
     Raises:
         StoreError: the base's weights are not the ones the adapter was trained on.
     """
-    from agentrl.models import resolve_model
-    from agentrl.run import ModelSpec
-
     base = read_base_record(folder)
-    cfg = saved_config(folder)
-    loaded = resolve_model(
-        ModelSpec(base.name, seed=base.seed, device=device, dtype=base.dtype), tokenizer=False
-    )
-    adapted = apply_lora(loaded.model, cfg, name=base.name, seed=base.seed)
+    adapted = apply_lora(base_model, saved_config(folder), name=base.name, seed=base.seed)
     if adapted.base.sha256 != base.sha256:
         raise StoreError(
             f"{folder}: the adapter was trained on base {base.describe()}, but {base.name!r} now loads "
             f"{adapted.base.describe()}"
         )
     adapted.load_adapter(folder)
-    from agentrl.models import resolve_dtype
-
-    want = resolve_dtype(dtype, loaded.device)
-    if want != loaded.dtype:
-        adapted.model.to(want)
     return adapted

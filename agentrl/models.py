@@ -35,12 +35,15 @@ if TYPE_CHECKING:  # torch/transformers are heavy; import them only where used
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from agentrl.lora import Adapted
+
 __all__ = [
     "SMOLLM2_GGUF",
     "LoadedModel",
     "ModelSpec",
     "cache_kwarg",
     "cache_root",
+    "load_adapter_folder",
     "load_model",
     "load_tokenizer",
     "model_folder",
@@ -417,9 +420,25 @@ def resolve_model(spec: ModelSpec, *, tokenizer: bool = True) -> LoadedModel:
         )
     tok_out = resolve_tokenizer(folder) if tokenizer else None
     if _is_adapter(folder):  # a LoRA checkpoint: its base, checked against the record, plus the adapter
-        from agentrl.lora import load_adapted
-
-        adapted = load_adapted(folder, device=spec.device, dtype=spec.dtype)
+        adapted = load_adapter_folder(folder, device=spec.device, dtype=spec.dtype)
         source = f"{folder} (LoRA adapter on {adapted.base.describe()})"
         return LoadedModel(adapted.model, tok_out, device, dtype, source)
     return LoadedModel(load_model(folder, dtype=dtype, device=device), tok_out, device, dtype, str(folder))
+
+
+def load_adapter_folder(
+    folder: str | os.PathLike[str], *, device: str = "cpu", dtype: str = "auto"
+) -> Adapted:
+    """A LoRA adapter folder (a LoRA run's ``checkpoints/step-N/model``) on the base model its record names,
+    on ``device`` in ``dtype`` (:func:`agentrl.lora.load_adapted`). The base is loaded in the dtype its
+    checksum was taken in and checked before any cast."""
+    from agentrl.lora import load_adapted, read_base_record
+
+    base = read_base_record(folder)
+    spec = ModelSpec(base.name, seed=base.seed, device=device, dtype=base.dtype)
+    loaded = resolve_model(spec, tokenizer=False)
+    adapted = load_adapted(folder, loaded.model)
+    want = resolve_dtype(dtype, loaded.device)
+    if want != loaded.dtype:
+        adapted.model.to(want)
+    return adapted

@@ -70,8 +70,8 @@ def export_merged(
     folder, LoRA adapters merged into the base; returns ``out``."""
     import torch
 
-    from agentrl.lora import is_adapter_folder, load_adapted, read_base_record
-    from agentrl.models import load_model, resolve_tokenizer
+    from agentrl.lora import is_adapter_folder, read_base_record
+    from agentrl.models import load_adapter_folder, load_model, resolve_tokenizer
 
     dest = Path(out)
     if dest.exists() and any(dest.iterdir()):
@@ -80,7 +80,7 @@ def export_merged(
     model_dir = ckpt / "model"
     if is_adapter_folder(model_dir):
         base = read_base_record(model_dir)
-        adapted = load_adapted(model_dir, device="cpu", dtype=base.dtype)
+        adapted = load_adapter_folder(model_dir, device="cpu", dtype=base.dtype)
         model: Any = adapted.merged()
         note = {"merged_from": str(model_dir), "base": base.describe(), "lora_rank": adapted.config.rank}
     else:

@@ -63,7 +63,7 @@ async def test_a_shared_model_sampler_samples_from_the_updated_adapter(tok):
         _step(model, 2)
     await policy.load_weights(WeightUpdate(1, published_state(model)))  # shared tensors: only the version
     after = await policy.generate(prompt, s)
-    assert after.version == 1 and served_digest(policy) == adapter_digest(model)
+    assert after.policy_version == 1 and served_digest(policy) == adapter_digest(model)
     # The recorded log-probs are the updated adapted model's, recomputed by one forward pass.
     ids = torch.tensor([prompt + list(after.token_ids)])
     with torch.no_grad():
@@ -86,7 +86,7 @@ async def test_an_own_copy_sampler_takes_the_adapter_alone_and_a_dropped_one_is_
     assert served_digest(policy) == adapter_digest(learner)
     assert {k: v.data_ptr() for k, v in own.state_dict().items() if ".lora_" not in k} == base_ptrs
     _step(learner, 4)
-    await policy.load_weights(WeightUpdate(2, {}))  # version bumped, adapter never delivered
+    policy.set_version(2)  # the version bumped, the adapter never delivered
     assert served_digest(policy) != adapter_digest(learner)
     bare = HFPolicy(tiny_model(tok, seed=3), tok, stop_token_ids=[NEVER])
     with pytest.raises(PolicyError, match="no LoRA adapter"):
