@@ -149,11 +149,12 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--lora-lr", type=float, default=3e-5)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--train-args", default="", help="more `agentrl train` flags for both runs, one string")
     ap.add_argument("--skip-runs", action="store_true")
     ap.add_argument("--skip-sync", action="store_true")
     ns = ap.parse_args()
     common = ["--steps", str(ns.steps), "--groups-per-step", str(ns.groups_per_step), "--seed", str(ns.seed)]
-    common += ["--eval.tasks", str(ns.eval_tasks)]
+    common += ["--eval.tasks", str(ns.eval_tasks), *ns.train_args.split()]
     result: dict[str, Any] = {
         "machine": f"{platform.machine()} 2-core CPU, contended by parallel work",
         "args": vars(ns),

@@ -52,3 +52,32 @@ async def test_servers_get_only_the_adapter_and_serve_the_new_one_after_each_ste
         k.removeprefix("base_model.model.").replace(".weight", ".default.weight"): v for k, v in saved.items()
     }
     assert adapter_digest(renamed) == trained
+
+
+async def test_two_learners_shard_an_adapted_model_checkpoint_the_adapter_and_resume(cluster, tmp_path):
+    import dataclasses
+
+    from agentrl.trainers.distributed import RayOptions
+    from agentrl.trainers.distributed.scripted import ScriptedTIRFactory
+
+    cfg, run = new_run(
+        config(tmp_path, learners=2, lora=LoraConfig(rank=4, alpha=8.0), learner=LearnerConfig(lr=1e-2))
+    )
+    opts = RayOptions(policy_factory=ScriptedTIRFactory())
+    async with ray_runtime(cfg, run, opts) as rt:
+        start = rt.learner_checksum
+        groups, _ = await Rollout(rt, cfg).finish()
+        metrics = await finish_step(rt, groups, 1)
+        assert metrics["learn/grad_norm"] > 0 and rt.learner_checksum != start
+        shipped = rt.transport.get(await rt.broker.latest.remote())
+        assert shipped and all(".lora_" in k for k in shipped)  # FSDP gathered, then the adapter alone
+        await rt.save_checkpoint(run, 1, keep=2)
+        trained = rt.learner_checksum
+    model_dir = RunDir(run.path).require_checkpoint(1).model_dir
+    assert (model_dir / "adapter_model.safetensors").is_file() and not (
+        model_dir / "model.safetensors"
+    ).exists()
+    async with ray_runtime(dataclasses.replace(cfg, resume=str(run.path)), run, opts) as rt:
+        assert (
+            rt.start_step == 1 and rt.learner_checksum == trained
+        )  # the sharded learners loaded the adapter

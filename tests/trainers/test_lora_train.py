@@ -214,3 +214,13 @@ def test_the_cli_trains_lora_asynchronously_with_a_real_hf_sampler_of_its_own(tm
     adapter = _adapter(out, 2)
     assert {k.split(".")[-3] for k in adapter} == {"q_proj", "v_proj"}
     assert json.loads((out / "config.json").read_text())["lora"]["rank"] == 4
+
+
+def test_lora_with_a_vllm_sampler_is_refused_until_that_path_is_wired(tok):
+    from agentrl.chat import ChatRenderer
+    from agentrl.errors import ConfigError
+    from agentrl.trainers.train_setup import make_policy
+
+    cfg = TrainConfig(model="tiny", lora=LORA, policy="vllm-server", vllm_url="http://127.0.0.1:1")
+    with pytest.raises(ConfigError, match="samples with --policy hf"):
+        make_policy(cfg, None, tok, ChatRenderer(tok), torch.device("cpu"), version=0)
