@@ -35,12 +35,15 @@ if TYPE_CHECKING:  # torch/transformers are heavy; import them only where used
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from agentrl.lora import Adapted
+
 __all__ = [
     "SMOLLM2_GGUF",
     "LoadedModel",
     "ModelSpec",
     "cache_kwarg",
     "cache_root",
+    "load_adapter_folder",
     "load_model",
     "load_tokenizer",
     "model_folder",
@@ -318,9 +321,17 @@ def _is_hf_folder(p: Path) -> bool:
     return (p / "config.json").is_file() and any(any(p.glob(w)) for w in weights)
 
 
+def _is_adapter(p: Path) -> bool:
+    from agentrl.lora import is_adapter_folder
+
+    return is_adapter_folder(p)
+
+
 def model_folder(name: str | os.PathLike[str]) -> Path | None:
     """The Hugging Face folder holding the weights ``name`` stands for; None for ``tiny`` (built in memory).
 
+    A LoRA run's checkpoints hold an adapter folder instead (:mod:`agentrl.lora`), which
+    :func:`resolve_model` loads onto the base it records.
     ``smollm2`` is the converted SmolLM2 folder; a checkpoint (``<run>/checkpoints/step-N``) is its ``model``
     folder; a run directory is its newest checkpoint's; any other folder must be a Hugging Face model folder.
     """
@@ -332,9 +343,9 @@ def model_folder(name: str | os.PathLike[str]) -> Path | None:
     p = Path(s)
     if not p.is_dir():
         raise ConfigError(f"model {s!r}: no such folder (and not 'smollm2' or 'tiny')")
-    if _is_hf_folder(p):
+    if _is_hf_folder(p) or _is_adapter(p):
         return p
-    if _is_hf_folder(p / "model"):  # a checkpoint folder
+    if _is_hf_folder(p / "model") or _is_adapter(p / "model"):  # a checkpoint folder
         return p / "model"
     run = RunDir(p)
     if run.exists() or run.checkpoints_path.is_dir():
@@ -408,4 +419,26 @@ def resolve_model(spec: ModelSpec, *, tokenizer: bool = True) -> LoadedModel:
             model, tok if tokenizer else None, device, dtype, f"tiny model rebuilt, seed {spec.seed}"
         )
     tok_out = resolve_tokenizer(folder) if tokenizer else None
+    if _is_adapter(folder):  # a LoRA checkpoint: its base, checked against the record, plus the adapter
+        adapted = load_adapter_folder(folder, device=spec.device, dtype=spec.dtype)
+        source = f"{folder} (LoRA adapter on {adapted.base.describe()})"
+        return LoadedModel(adapted.model, tok_out, device, dtype, source)
     return LoadedModel(load_model(folder, dtype=dtype, device=device), tok_out, device, dtype, str(folder))
+
+
+def load_adapter_folder(
+    folder: str | os.PathLike[str], *, device: str = "cpu", dtype: str = "auto"
+) -> Adapted:
+    """A LoRA adapter folder (a LoRA run's ``checkpoints/step-N/model``) on the base model its record names,
+    on ``device`` in ``dtype`` (:func:`agentrl.lora.load_adapted`). The base is loaded in the dtype its
+    checksum was taken in and checked before any cast."""
+    from agentrl.lora import load_adapted, read_base_record
+
+    base = read_base_record(folder)
+    spec = ModelSpec(base.name, seed=base.seed, device=device, dtype=base.dtype)
+    loaded = resolve_model(spec, tokenizer=False)
+    adapted = load_adapted(folder, loaded.model)
+    want = resolve_dtype(dtype, loaded.device)
+    if want != loaded.dtype:
+        adapted.model.to(want)
+    return adapted

@@ -41,7 +41,22 @@ CORE_LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("tokens", frozenset({"masking", "chat", "audit"})),
     ("records", frozenset({"store", "metrics", "scores", "staleness"})),
     ("replay", frozenset({"replay"})),
-    ("acting", frozenset({"models", "precision", "checkpoint", "policies", "episode", "rollout", "testing"})),
+    (
+        "acting",
+        frozenset(
+            {
+                "models",
+                "precision",
+                "lora",
+                "lora_sync",
+                "checkpoint",
+                "policies",
+                "episode",
+                "rollout",
+                "testing",
+            }
+        ),
+    ),
     ("learning", frozenset({"batch", "credit", "learner"})),
     ("update", frozenset({"update"})),
 )

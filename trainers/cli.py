@@ -1,4 +1,4 @@
-"""The ``agentrl`` command: train, eval, check, plot, replay, gateway, envs."""
+"""The ``agentrl`` command: train, eval, check, plot, replay, gateway, export, envs."""
 
 from __future__ import annotations
 
@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     from agentrl.trainers.gateway import cli as gateway_cli
 
     gateway_cli.add_parser(sub)
+
+    from agentrl.trainers import export
+
+    export.add_parser(sub)
 
     sub.add_parser("envs", help="list registered environments, each with the first line of its docstring")
     return parser
@@ -260,6 +264,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from agentrl.trainers import replay
 
             return replay.run(ns)
+        if ns.command == "export":
+            from agentrl.trainers import export
+
+            return export.run(ns)
         if ns.command == "gateway":
             from agentrl.trainers.gateway import cli as gateway_cli
 

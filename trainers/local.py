@@ -15,6 +15,8 @@ from agentrl.checkpoint import CheckpointState, load_checkpoint, save_checkpoint
 from agentrl.groups import TrajectoryGroup
 from agentrl.heap import trim_heap
 from agentrl.learner import Learner
+from agentrl.lora import Adapted, apply_lora
+from agentrl.lora_sync import adapter_params, check_served
 from agentrl.models import resolve_model
 from agentrl.policies import HFPolicy
 from agentrl.protocols import UpdatablePolicy
@@ -46,8 +48,11 @@ class LocalRuntime:
         policy: UpdatablePolicy,
         renderer: ChatRenderer,
         start_step: int,
+        adapted: Adapted | None = None,
     ):
         self.cfg, self.run, self.agent = cfg, run, agent
+        self.adapted = adapted
+        """The LoRA adapters when ``--lora.rank`` > 0 (checkpoints then hold the adapter alone)."""
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.learner, self.policy, self.renderer = learner, policy, renderer
         self.pool = pool
@@ -128,14 +133,17 @@ class LocalRuntime:
         return report
 
     async def publish(self, version: int) -> None:
-        """The learner's weights to the sampler."""
+        """The learner's weights to the sampler; with LoRA, the sampler's served adapter is then checked
+        against the learner's and recorded (:func:`agentrl.lora_sync.check_served`)."""
         await pg.publish_weights(self.policy, self.learner.model, version)
+        if self.adapted is not None:
+            await asyncio.to_thread(check_served, self.run, self.policy, self.learner.model, version)
 
     async def save_checkpoint(self, run: RunDir, step: int, *, keep: int) -> None:
         """Weights, optimizer and RNG after ``step`` steps."""
         save_checkpoint(
             run,
-            model=self.model,
+            model=self.adapted if self.adapted is not None else self.model,
             optimizer=self.learner.optimizer,
             tokenizer=self.tokenizer,
             state=CheckpointState(step, step, {"next_step": step}),
@@ -162,11 +170,18 @@ async def local_runtime(
     if prec.autocast or prec.pure_low_precision:
         print(f"precision: {prec.describe()}")
     renderer = ChatRenderer(loaded.tokenizer)
+    adapted = None
+    if cfg.lora.enabled:  # adapters injected in place: loaded.model is the adapted model from here on
+        adapted = apply_lora(loaded.model, cfg.lora, name=cfg.model, seed=cfg.seed)
+        print(f"lora: rank {cfg.lora.rank} on {adapted.base.describe()}, {adapter_params(loaded.model)}")
     learner = Learner(loaded.model, pg.learner_config(cfg, prec))
     start = 0
     ckpt = run.latest_checkpoint()
     if ckpt is not None:
-        start = load_checkpoint(ckpt, model=loaded.model, optimizer=learner.optimizer).step
+        if adapted is not None:
+            adapted.load_adapter(ckpt.model_dir)  # refuses an adapter trained on another base
+        weights = None if adapted is not None else loaded.model
+        start = load_checkpoint(ckpt, model=weights, optimizer=learner.optimizer).step
         print(f"resumed {run.path} at step {start} from {ckpt.path.name}")
     if sampler is not None:
         policy: UpdatablePolicy = sampler
@@ -186,6 +201,8 @@ async def local_runtime(
         if connect is not None:
             await connect()
         await pg.publish_weights(policy, loaded.model, start)
+    if adapted is not None:
+        check_served(run, policy, loaded.model, start)  # the adapter the first episodes sample with
     n = cfg.rollout.concurrency
     pool = SandboxPool(LocalSandbox, size=n, max_waiting=4 * n) if pg.needs_sandbox(cfg) else None
     async with pool or contextlib.nullcontext(), agent_runner(cfg, policy, renderer) as agent:
@@ -199,6 +216,7 @@ async def local_runtime(
             policy=policy,
             renderer=renderer,
             start_step=start,
+            adapted=adapted,
         )
 
 

@@ -27,6 +27,7 @@ from agentrl.credit import OTB, AdvantageEstimator, Estimator, estimator_config
 from agentrl.errors import ConfigError
 from agentrl.learner import LearnerConfig
 from agentrl.learner.correction import Correction
+from agentrl.lora import LoraConfig, published_state
 from agentrl.metrics import MetricsLogger
 from agentrl.models import model_folder
 from agentrl.policies import HFPolicy
@@ -163,6 +164,10 @@ class TrainConfig:
     weights_dir: str | None = None
     """With --ray: publish weights as safetensors files in this folder (every node must mount it) instead of
     through the Ray object store."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters instead of full fine-tuning (--lora.rank R > 0; peft): the optimizer holds only the
+    adapters, checkpoints hold only the adapter (plus the base model's name and weights checksum) and samplers
+    get only the adapter after each step. See agentrl/lora.py and docs/lora.md."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -298,6 +303,11 @@ def make_policy(
     kind = cfg.policy
     if kind == "auto":
         kind = "vllm" if device.type == "cuda" and importlib.util.find_spec("vllm") is not None else "hf"
+        kind = "hf" if cfg.lora.enabled else kind
+    if cfg.lora.enabled and kind != "hf":
+        raise ConfigError(
+            f"--lora.rank > 0 samples with --policy hf for now (vLLM's LoRA path is not wired: {kind})"
+        )
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     if kind == "vllm-server":
         if not cfg.vllm_url:
@@ -343,8 +353,9 @@ def make_policy(
 async def publish_weights(sink: WeightSink, model: Any, version: int) -> None:
     """Hand the learner's weights after an update to the sampler, as ``version``: an HF policy that shares
     the learner's model object only takes the version; one with its own copy (another dtype, or an
-    asynchronous run) copies them in, casting to its dtype; vLLM copies them in memory."""
-    await sink.load_weights(WeightUpdate(version, model.state_dict()))
+    asynchronous run) copies them in, casting to its dtype; vLLM copies them in memory.
+    With LoRA only the adapter's tensors travel."""
+    await sink.load_weights(WeightUpdate(version, published_state(model)))
 
 
 def _env_kwargs(cfg: TrainConfig, pool: Any) -> dict[str, Any]:

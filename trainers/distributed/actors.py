@@ -55,6 +55,10 @@ def hf_policy_factory(cfg: Any, version: int) -> UpdatablePolicy:
     from agentrl.trainers import train_setup as pg
 
     loaded = resolve_model(pg.sampler_spec(cfg))  # the sampler's dtype (bf16 on CUDA), not the master's
+    if cfg.lora.enabled:  # the same seeded adapters as the learner's; syncs then replace only them
+        from agentrl.lora import apply_lora
+
+        apply_lora(loaded.model, cfg.lora, name=cfg.model, seed=cfg.seed)
     renderer = ChatRenderer(loaded.tokenizer)
     return pg.make_policy(cfg, loaded.model, loaded.tokenizer, renderer, loaded.device, version=version)
 

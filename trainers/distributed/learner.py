@@ -48,6 +48,8 @@ class LearnerActor:
         self.tokenizer: Any = None
         self.pad_id = 0
         self.run_path: str | None = None
+        self.adapted: Any = None
+        """The LoRA adapters (``--lora.rank`` > 0): published and checkpointed alone."""
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 listens for the process group (call on rank 0)."""
@@ -68,6 +70,10 @@ class LearnerActor:
         loaded = resolve_model(pg.model_spec(self.cfg))
         self.precision = pg.precision(self.cfg, loaded.device)
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        if self.cfg.lora.enabled:  # adapters before FSDP shards the model: the optimizer holds only them
+            from agentrl.lora import apply_lora
+
+            self.adapted = apply_lora(self.model, self.cfg.lora, name=self.cfg.model, seed=self.cfg.seed)
         self.pad_id = pg.tokenizer_pad_id(ChatRenderer(loaded.tokenizer))
         if self.world > 1:
             import torch.distributed as dist
@@ -89,7 +95,10 @@ class LearnerActor:
         if ckpt is None:
             return 0
         if self.world == 1:
-            return load_checkpoint(ckpt, model=self.model, optimizer=self.learner.optimizer).step
+            if self.adapted is not None:
+                self.adapted.load_adapter(ckpt.model_dir)  # refuses an adapter trained on another base
+            weights = None if self.adapted is not None else self.model
+            return load_checkpoint(ckpt, model=weights, optimizer=self.learner.optimizer).step
         return self._load_sharded(ckpt)
 
     def update(self, groups: Sequence[TrajectoryGroup], learner_version: int) -> dict[str, float]:
@@ -127,9 +136,12 @@ class LearnerActor:
 
     def publish(self, version: int, transport: WeightTransport) -> WeightRef | None:
         """Publish the current weights as ``version`` (rank 0 returns the ref; other ranks None)."""
+        from agentrl.lora import published_state
         from agentrl.precision import served_copy
 
         state = self._full_state()
+        if self.adapted is not None:  # the servers hold the base already: ship the adapter alone
+            state = published_state(_StateOnly(state))
         # The servers sample in the compute dtype: ship that copy (half the bytes of fp32 master weights for
         # bf16), so the checksum the servers report of their own weights is the one published.
         return transport.put(version, served_copy(state, self.precision.sampler)) if self.rank == 0 else None
@@ -142,7 +154,7 @@ class LearnerActor:
         if self.world == 1:
             save_checkpoint(
                 RunDir(Path(run_path)),
-                model=self.model,
+                model=self.adapted if self.adapted is not None else self.model,
                 optimizer=self.learner.optimizer,
                 tokenizer=self.tokenizer,
                 state=state,
@@ -183,7 +195,15 @@ class LearnerActor:
         from agentrl.checkpoint import load_checkpoint
 
         plain = _plain_model(self.cfg)
-        step = load_checkpoint(ckpt, model=plain).step
+        if self.cfg.lora.enabled:
+            from agentrl.lora import apply_lora
+
+            apply_lora(plain, self.cfg.lora, name=self.cfg.model, seed=self.cfg.seed).load_adapter(
+                ckpt.model_dir
+            )
+            step = load_checkpoint(ckpt).step
+        else:
+            step = load_checkpoint(ckpt, model=plain).step
         opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
         set_model_state_dict(self.model, plain.state_dict(), options=opts)
         optim = torch.load(ckpt.path / "optimizer.pt", weights_only=False)
@@ -207,14 +227,29 @@ def _plain_model(cfg: Any) -> Any:
 
 
 class _Plain:
-    """An unsharded copy of the model holding ``state`` (for ``save_pretrained``)."""
+    """An unsharded copy of the model holding ``state`` (for ``save_pretrained``; with LoRA, the adapter)."""
 
     def __init__(self, cfg: Any, state: dict[str, Any]):
         self.model = _plain_model(cfg)
+        self.saver: Any = self.model
+        if cfg.lora.enabled:
+            from agentrl.lora import apply_lora
+
+            self.saver = apply_lora(self.model, cfg.lora, name=cfg.model, seed=cfg.seed)
         self.model.load_state_dict(state)
 
     def save_pretrained(self, *args: Any, **kwargs: Any) -> None:
-        self.model.save_pretrained(*args, **kwargs)
+        self.saver.save_pretrained(*args, **kwargs)
+
+
+class _StateOnly:
+    """A gathered state dict where :func:`agentrl.lora.published_state` expects a model."""
+
+    def __init__(self, state: dict[str, Any]):
+        self._state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._state
 
 
 class _Saved:

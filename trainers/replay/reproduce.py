@@ -224,11 +224,16 @@ def reproduce_step(
         # A compacted checkpoint holds float16 weights: their rounding, not a bug, moves the metrics a little.
         rtol, atol = max(rtol, HALF_RTOL), max(atol, HALF_ATOL)
     weights, dev_s = "", ""
+    unmeasured: set[str] = set()
     advantages: tuple[tuple[float | None, ...], ...] = ()
     if trained:
         model, weights = load_weights(run, step, device=device, dtype=dtype)
         # The trainer's own update function, on the recorded episodes and the weights that sampled them.
         learner = _learner(model, cfg)
+        if not _with_optimizer_state(run, step, learner):
+            # The update's own measures depend on the optimizer's state (Adam's moments after `step` steps),
+            # which only an uncompacted checkpoint keeps; a fresh optimizer would report another update.
+            unmeasured = {"learn/update_rel_norm", "learn/unchanged_frac"}
         groups = list(group_trajectories(run.trajectories[i] for i in trained))
         # An asynchronous step: μ (the recorded log-probs), each turn's version (staleness) and the run's
         # correction give the same ρ̄; the checkpoint of the step is the learner's π_old.
@@ -245,7 +250,7 @@ def reproduce_step(
         advantages = _per_token(update.credit.advantages_B_T, [run.trajectories[i] for i in trained])
     checks = []
     for name, value in got.items():
-        if name not in row:
+        if name not in row or name in unmeasured:
             continue
         rec = row[name]
         rec_f = None if rec is None else float(rec)
@@ -261,6 +266,18 @@ def reproduce_step(
         dev_s,
         (rtol, atol),
     )
+
+
+def _with_optimizer_state(run: Run, step: int, learner: Learner) -> bool:
+    """Load the optimizer state the trainer had before ``step`` into ``learner``; True when it is known (step
+    0 starts from a fresh optimizer; a later step needs its checkpoint's ``optimizer.pt``)."""
+    from agentrl.checkpoint import load_checkpoint
+
+    ckpt = run.run_dir.find_checkpoint(step) if run.run_dir is not None else None
+    if ckpt is None or not (ckpt.path / "optimizer.pt").is_file():
+        return step == 0
+    load_checkpoint(ckpt, optimizer=learner.optimizer, restore_rng=False)
+    return True
 
 
 def _learner(model: Any, cfg: TrainConfig) -> Learner:

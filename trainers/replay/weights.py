@@ -130,6 +130,14 @@ def load_weights(
     ckpt = run.run_dir.find_checkpoint(version)
     if ckpt is None and version == 0:
         loaded = resolve_model(spec, tokenizer=False)
+        if cfg.lora.enabled:  # the base plus the seeded initial adapter, exactly as the trainer built them
+            from agentrl.lora import apply_lora
+
+            apply_lora(loaded.model, cfg.lora, name=cfg.model, seed=cfg.seed)
+            return (
+                loaded.model,
+                f"initial weights ({loaded.source}) with a fresh rank-{cfg.lora.rank} adapter",
+            )
         return loaded.model, f"initial weights ({loaded.source})"
     ckpt = run.run_dir.require_checkpoint(version, keep=cfg.keep_checkpoints)
     loaded = resolve_model(dataclasses.replace(spec, name=str(ckpt.path)), tokenizer=False)

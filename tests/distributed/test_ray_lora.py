@@ -1,0 +1,83 @@
+"""LoRA on the Ray runtime, with real HF inference servers (the default policy factory) on the tiny model:
+each sync ships the adapter alone, every server reports the learner's adapter checksum for the new version,
+and the served adapter changes after a step (a server that kept the initial adapter would fail the sync:
+verl #7495). An entropy bonus gives the tiny model's zero-reward episodes a gradient, so the adapter moves."""
+
+import pytest
+
+from agentrl.learner import LearnerConfig
+from agentrl.lora import LoraConfig, adapter_digest
+from agentrl.rollout import RolloutConfig
+from agentrl.run import RunDir
+from agentrl.trainers.distributed import ray_runtime
+
+from .test_ray_runtime import Rollout, config, finish_step, new_run
+
+ray = pytest.importorskip("ray", reason="the Ray runtime's tests need the ray extra (bash .ci/setup --dev)")
+
+pytestmark = pytest.mark.slow
+
+
+async def test_servers_get_only_the_adapter_and_serve_the_new_one_after_each_step(cluster, tmp_path):
+    from safetensors.torch import load_file
+
+    cfg, run = new_run(
+        config(
+            tmp_path,
+            env="calculator-v0",
+            groups_per_step=2,
+            lora=LoraConfig(rank=4, alpha=8.0),
+            learner=LearnerConfig(lr=1e-2, entropy_coef=0.1),
+            rollout=RolloutConfig(max_turns=1, max_new_tokens=6, concurrency=4, seed=3),
+        )
+    )
+    async with ray_runtime(cfg, run) as rt:
+        start = rt.learner_checksum
+        assert [s.version for s in rt.last_sync] == [0] and rt.last_sync[0].checksum == start
+        ref = await rt.broker.latest.remote()
+        shipped = rt.transport.get(ref)
+        assert shipped and all(".lora_A." in k or ".lora_B." in k for k in shipped)  # the adapter alone
+        assert adapter_digest(shipped) == start
+        groups, _ = await Rollout(rt, cfg).finish()
+        metrics = await finish_step(rt, groups, 1)  # asserts every server reports version 1, learner's sum
+        assert metrics["learn/grad_norm"] > 0
+        assert rt.learner_checksum != start  # the served adapter changed with the step
+        await rt.save_checkpoint(run, 1, keep=2)
+        trained = rt.learner_checksum
+    ckpt = RunDir(run.path).require_checkpoint(1)
+    saved = load_file(str(ckpt.model_dir / "adapter_model.safetensors"))
+    assert len(saved) == len(shipped)
+    # The adapter the servers reported is the one checkpointed (peft drops the adapter name when saving).
+    renamed = {
+        k.removeprefix("base_model.model.").replace(".weight", ".default.weight"): v for k, v in saved.items()
+    }
+    assert adapter_digest(renamed) == trained
+
+
+async def test_two_learners_shard_an_adapted_model_checkpoint_the_adapter_and_resume(cluster, tmp_path):
+    import dataclasses
+
+    from agentrl.trainers.distributed import RayOptions
+    from agentrl.trainers.distributed.scripted import ScriptedTIRFactory
+
+    cfg, run = new_run(
+        config(tmp_path, learners=2, lora=LoraConfig(rank=4, alpha=8.0), learner=LearnerConfig(lr=1e-2))
+    )
+    opts = RayOptions(policy_factory=ScriptedTIRFactory())
+    async with ray_runtime(cfg, run, opts) as rt:
+        start = rt.learner_checksum
+        groups, _ = await Rollout(rt, cfg).finish()
+        metrics = await finish_step(rt, groups, 1)
+        assert metrics["learn/grad_norm"] > 0 and rt.learner_checksum != start
+        shipped = rt.transport.get(await rt.broker.latest.remote())
+        assert shipped and all(".lora_" in k for k in shipped)  # FSDP gathered, then the adapter alone
+        await rt.save_checkpoint(run, 1, keep=2)
+        trained = rt.learner_checksum
+    model_dir = RunDir(run.path).require_checkpoint(1).model_dir
+    assert (model_dir / "adapter_model.safetensors").is_file() and not (
+        model_dir / "model.safetensors"
+    ).exists()
+    async with ray_runtime(dataclasses.replace(cfg, resume=str(run.path)), run, opts) as rt:
+        assert (
+            rt.start_step == 1 and rt.learner_checksum == trained
+        )  # the sharded learners loaded the adapter
