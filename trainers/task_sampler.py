@@ -32,14 +32,11 @@ import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from agentrl.errors import ConfigError, StoreError
 from agentrl.groups import TrajectoryGroup
 from agentrl.run import RunDir, checkpoint_name
-
-if TYPE_CHECKING:
-    from agentrl.trainers.train_setup import TrainConfig
 
 __all__ = [
     "POOL_WEIGHTS",
@@ -188,8 +185,9 @@ class TaskSampler:
         self._drawn.clear()
 
 
-def task_sampler(cfg: TrainConfig) -> TaskSampler:
-    """The sampler of a run with these settings (its state empty: a resume loads it)."""
+def task_sampler(cfg: Any) -> TaskSampler:
+    """The sampler of a run with these settings (a :class:`~agentrl.trainers.train_setup.TrainConfig`; not
+    imported, which would be a cycle), its state empty: a resume loads it."""
     draws = cfg.dynamic_sampling.max_draws if cfg.dynamic_sampling.enabled else 1
     return TaskSampler(
         cfg.seed, cfg.groups_per_step, draws * cfg.groups_per_step, cfg.curriculum, cfg.max_staleness

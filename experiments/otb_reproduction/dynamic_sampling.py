@@ -44,7 +44,9 @@ from agentrl.update import policy_update  # noqa: E402
 TARGETS = (0.5, 0.6, 0.7)
 
 
-def run_one(est_name: str, n: int, seed: int, ds: bool, args: argparse.Namespace, warm: Any) -> dict[str, Any]:
+def run_one(
+    est_name: str, n: int, seed: int, ds: bool, args: argparse.Namespace, warm: Any
+) -> dict[str, Any]:
     """Train one run; return its record."""
     st = S.MAIN
     tok = build_tokenizer()
@@ -92,16 +94,29 @@ def run_one(est_name: str, n: int, seed: int, ds: bool, args: argparse.Namespace
         if kept:
             m = policy_update(learner, kept, estimator=est, pad_id=vocab.pad).metrics
         steps.append(
-            {"tokens": tokens, "drawn": drawn, "zero_variance": zero, "trained": len(kept),
-             "grad_norm": m.get("learn/grad_norm", math.nan)}
+            {
+                "tokens": tokens,
+                "drawn": drawn,
+                "zero_variance": zero,
+                "trained": len(kept),
+                "grad_norm": m.get("learn/grad_norm", math.nan),
+            }
         )
         step += 1
         if kept and not math.isfinite(m["learn/grad_norm"]):
             break
     curve.append({"tokens": tokens, "step": step, "success": success(model, vocab, evals, seed=seed)})
-    return {"estimator": est_name, "group_size": n, "seed": seed, "dynamic_sampling": ds,
-            "max_draws": args.max_draws, "budget": args.budget, "curve": curve, "steps": steps,
-            "wall_s": time.perf_counter() - t0}
+    return {
+        "estimator": est_name,
+        "group_size": n,
+        "seed": seed,
+        "dynamic_sampling": ds,
+        "max_draws": args.max_draws,
+        "budget": args.budget,
+        "curve": curve,
+        "steps": steps,
+        "wall_s": time.perf_counter() - t0,
+    }
 
 
 def report(work: Path) -> dict[str, Any]:
@@ -116,7 +131,9 @@ def report(work: Path) -> dict[str, Any]:
         row: dict[str, Any] = {
             "seeds": [r["seed"] for r in rs],
             "zero_variance_frac_of_drawn": float(np.mean(zero)),
-            "capped_steps": int(sum(s["trained"] < 8 for r in rs for s in r["steps"] if r["dynamic_sampling"])),
+            "capped_steps": int(
+                sum(s["trained"] < 8 for r in rs for s in r["steps"] if r["dynamic_sampling"])
+            ),
             "final_success": boot_mean(np.array([r["curve"][-1]["success"] for r in rs]), rng),
             "wall_s": [round(r["wall_s"]) for r in rs],
         }
@@ -164,8 +181,11 @@ def main() -> None:
                 p.parent.mkdir(parents=True, exist_ok=True)
                 p.write_text(json.dumps(rec))
                 c = rec["curve"]
-                print(f"{p.name}: success {c[0]['success']:.2f} -> {c[-1]['success']:.2f}, "
-                      f"{len(rec['steps'])} steps, {rec['wall_s']:.0f}s", flush=True)
+                print(
+                    f"{p.name}: success {c[0]['success']:.2f} -> {c[-1]['success']:.2f}, "
+                    f"{len(rec['steps'])} steps, {rec['wall_s']:.0f}s",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":
