@@ -20,6 +20,13 @@ ready are dropped and counted; the step waits only for its first group). A finis
 token is more than S versions old (possible only when its tokens are older than its lease, e.g. a group
 read back from an earlier process) is dropped too. The largest staleness trained on is reported and
 never exceeds S.
+
+Refills (dynamic sampling: a finished group without reward signal is replaced by a fresh task of the same
+step) are leased with :meth:`Admission.refill`. They count as in flight like any group, so they hold back
+the leases of later steps, and they obey the same version rule (a step's refill starts only once its step
+may start, so its tokens are at most S versions old when the step trains). The capacity rule lets a refill
+of the step the learner is waiting for through even when full, since otherwise the learner would wait for
+groups that can only start after it trains.
 """
 
 from __future__ import annotations
@@ -85,11 +92,12 @@ class Lease:
     """One group handed out by :class:`Admission`."""
 
     index: int
-    """Position in the run's data order, counted from the start step (0, 1, ...)."""
+    """Position in the run's data order, counted from the start step (0, 1, ...); refills get −1, −2, ..."""
     step: int
     """The training step that will train this group."""
     slot: int
-    """Position of the group within its step (0 .. batch_groups − 1): which task of the step it runs."""
+    """Position of the group within its step (0 .. batch_groups − 1): which task of the step it runs; a
+    refill's slot is its draw index in the step (≥ batch_groups)."""
     version: int
     """The policy version served when the group was leased (its tokens are this version or newer)."""
 
@@ -126,6 +134,7 @@ class Admission:
     _in_flight: dict[int, Lease] = field(default_factory=dict)
     _done: dict[int, tuple[Lease, int]] = field(default_factory=dict)
     _order: list[int] = field(default_factory=list)
+    _refills: int = 0
     dropped_total: int = 0
     """Groups dropped so far."""
     max_seen: int = 0
@@ -176,6 +185,27 @@ class Admission:
             )
         lease = Lease(self._next, self.next_step, self._next % self.batch_groups, policy_version)
         self._next += 1
+        self._in_flight[lease.index] = lease
+        return lease
+
+    def can_refill(self, step: int, policy_version: int) -> bool:
+        """True when a refill of ``step`` (a step already leased from) may start now."""
+        if step >= self.next_step or step < policy_version:
+            return False  # not started yet (its own leases come first), or already trained
+        return self.outstanding < self.capacity or step == policy_version
+
+    def refill(self, step: int, slot: int, policy_version: int) -> Lease:
+        """Hand out one more group of ``step`` (its draw ``slot``), counted in flight like any other (call
+        only when :meth:`can_refill`)."""
+        if not self.can_refill(step, policy_version):
+            raise ConfigError(
+                f"no refill of step {step} allowed now: {self.outstanding} outstanding of {self.capacity}, "
+                f"next step {self.next_step}, served version {policy_version}"
+            )
+        if step > policy_version + self.max_staleness:  # unreachable: its step's first lease checked it
+            raise ConfigError(f"a refill of step {step} at version {policy_version} would break the bound")
+        self._refills += 1
+        lease = Lease(-self._refills, step, slot, policy_version)
         self._in_flight[lease.index] = lease
         return lease
 

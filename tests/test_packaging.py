@@ -39,7 +39,7 @@ CORE_LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("data", frozenset({"types", "execution", "run", "groups"})),
     ("contracts", frozenset({"protocols", "env", "registry", "checker"})),
     ("tokens", frozenset({"masking", "chat", "audit"})),
-    ("records", frozenset({"store", "metrics", "scores", "staleness"})),
+    ("records", frozenset({"store", "metrics", "scores", "staleness", "dynamic_sampling"})),
     ("replay", frozenset({"replay"})),
     (
         "acting",

@@ -96,22 +96,24 @@ async def train_async(
     """Train steps ``s.first_step`` .. ``cfg.steps − 1`` with generation overlapping learning; call
     ``after_step(k)`` after each (checkpointing). Returns the next step to train: ``cfg.steps``, or the
     step during which a stop was requested. ``run_group`` runs one group (default: in this process)."""
+    from agentrl.dynamic_sampling import StepDraws, draw_metrics, group_verdict
     from agentrl.trainers.step_metrics import (
         episode_metrics,
         format_async_row,
         stalled_update_warning,
         token_limit_warning,
     )
-    from agentrl.trainers.train_setup import task_seeds
 
     cfg, runtime = s.cfg, s.runtime
+    sampler = s.task_sampler
     runner = run_group or local_group_runner(s)
-    B = cfg.groups_per_step
+    B = cfg.groups_per_step  # a step's first draws; refills (dynamic sampling) are draws B, B + 1, ...
     adm = Admission(cfg.max_staleness, B, on_stale=cfg.on_stale, start_step=s.first_step, end_step=cfg.steps)
     reuse = _reusable_groups(s)
     results: dict[int, TrajectoryGroup] = {}
     spans: dict[int, tuple[float, float]] = {}
     """Lease index -> (start, end) of its group's generation: a step's generate time is their union's span."""
+    draws: dict[int, StepDraws] = {}  # per step: draws issued, verdicts of those finished (refills)
     reused_of: dict[int, int] = {}
     tasks: dict[int, asyncio.Task[None]] = {}
     wake = asyncio.Event()
@@ -125,6 +127,7 @@ async def train_async(
             spans[lease.index] = (t0, time.perf_counter())
             results[lease.index] = group
             adm.complete(lease, oldest_version(group))
+            draws[lease.step].record(group_verdict(group))
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # surfaces in the loop below
@@ -133,17 +136,35 @@ async def train_async(
             tasks.pop(lease.index, None)
             wake.set()
 
+    def start(lease: Lease) -> None:
+        seed = sampler.task(lease.step, lease.slot)
+        old = reuse.pop(f"{lease.step}:{cfg.env}:{seed}", None)
+        if old is not None:
+            results[lease.index] = old
+            reused_of[lease.step] = reused_of.get(lease.step, 0) + len(old)
+            adm.complete(lease, oldest_version(old))
+            draws[lease.step].record(group_verdict(old))
+        else:
+            tasks[lease.index] = asyncio.ensure_future(run_one(lease, seed))
+
     def lease_more() -> None:
-        while adm.can_lease(runtime.version):
-            lease = adm.lease(runtime.version)
-            seed = task_seeds(cfg.seed, lease.step, B)[lease.slot]
-            old = reuse.pop(f"{lease.step}:{cfg.env}:{seed}", None)
-            if old is not None:
-                results[lease.index] = old
-                reused_of[lease.step] = reused_of.get(lease.step, 0) + len(old)
-                adm.complete(lease, oldest_version(old))
+        while True:
+            # Refills first, oldest step first: they are counted in flight, so the bound holds with them.
+            refill = [j for j in sorted(draws) if draws[j].need() and adm.can_refill(j, runtime.version)]
+            if refill:
+                start(adm.refill(refill[0], draws[refill[0]].issue(1)[0], runtime.version))
+            elif adm.can_lease(runtime.version):
+                lease = adm.lease(runtime.version)
+                if lease.step not in draws:
+                    draws[lease.step] = StepDraws.of(B, cfg.dynamic_sampling)
+                    draws[lease.step].issue(B)  # the step's first draws, leased one by one
+                start(lease)
             else:
-                tasks[lease.index] = asyncio.ensure_future(run_one(lease, seed))
+                return
+
+    def ready(k: int) -> bool:
+        # --on-stale wait: every draw finished and none more needed (refills included).
+        return adm.ready(k) and (cfg.on_stale == "drop" or (k in draws and draws[k].complete))
 
     k = s.first_step
     t_prev = time.perf_counter()
@@ -151,7 +172,10 @@ async def train_async(
         while k < cfg.steps:
             lease_more()
             t_wait = time.perf_counter()
-            while not adm.ready(k) and not failure and not s.stop.is_set():
+            while not ready(k) and not failure and not s.stop.is_set():
+                lease_more()  # refills of groups that finished without signal
+                if ready(k):
+                    break
                 if not tasks:  # nothing running and nothing may start: this would wait forever
                     raise RuntimeError(
                         f"step {k} cannot get its data: no group is running and none may start (the sampler "
@@ -180,13 +204,20 @@ async def train_async(
             ran = [spans.pop(lease.index) for lease in plan.trained if lease.index in spans]
             in_flight = len(tasks)
             t_learn = time.perf_counter()
-            usable = [u for g in groups if (u := g.usable()) is not None]
+            step_draws = draws.pop(k)
+            usable = [
+                u for g in groups if step_draws.keep(group_verdict(g)) and (u := g.usable()) is not None
+            ]
             row: dict[str, float] = episode_metrics([t for g in groups for t in g])
             row["episodes/reused"] = float(reused_of.pop(k, 0))
+            row.update(draw_metrics(step_draws, groups, usable))
+            sampler.observe(k, groups)
+            if step_draws.capped:
+                print(f"step {k}: reached --dynamic-sampling.max-draws with {len(usable)} groups with signal")
             if usable:
                 row.update(await runtime.update(usable))
             else:
-                print(f"step {k}: every episode failed for infrastructure reasons; no update")
+                print(f"step {k}: no group to train on (every episode failed, or none had signal); no update")
             t_publish = time.perf_counter()
             await runtime.publish(k + 1)
             now = time.perf_counter()

@@ -2,10 +2,11 @@
 
 One step, top to bottom::
 
-    tasks for step k (deterministic in seed and k)
+    tasks for step k (deterministic in seed and k; trainers/task_sampler.py, with --curriculum)
       → run_groups: N episodes per task with the current policy, each trajectory appended to
         <run>/trajectories.jsonl the moment it finishes, each TrajectoryGroup kept as it completes
-      → drop infra failures (never scored as reward 0)
+      → drop infra failures (never scored as reward 0); --dynamic-sampling true: drop groups without
+        reward signal and draw more tasks until the step has groups-per-step with signal (or the cap)
       → policy_update(groups): collate → Learner.score (log π and Σπ² of the current weights)
         → estimator.advantages (typed estimator config), baselines within each group
       → Learner.step (PPO-clip / REINFORCE) → the policy sees the new weights (version k+1)
@@ -30,8 +31,9 @@ from pathlib import Path
 
 import torch
 
-from agentrl import JsonlStore, TrajectoryMeta
+from agentrl import JsonlStore, TrajectoryGroup, TrajectoryMeta
 from agentrl.config import config_to_dict
+from agentrl.dynamic_sampling import StepDraws, draw_metrics, group_verdict
 from agentrl.metrics import MetricsLogger
 from agentrl.run import RunDir
 from agentrl.trainers.evaluate import EvalReport, write_comparison
@@ -43,6 +45,7 @@ from agentrl.trainers.step_metrics import (
     stalled_update_warning,
     token_limit_warning,
 )
+from agentrl.trainers.task_sampler import load_sampler_state, save_sampler_state, task_sampler
 from agentrl.trainers.train_setup import (
     RESUMABLE,
     TrainConfig,
@@ -128,11 +131,14 @@ async def _train(cfg: TrainConfig, run: RunDir, runtime: RuntimeFactory | None, 
                 f"{cfg.group_size} episodes/step, steps {start}..{cfg.steps - 1}, run dir {run_dir} "
                 f"(setup {time.perf_counter() - t0:.1f}s)"
             )
-            session = _Session(cfg, run, rt, store, metrics, stop, first_step=start)
+            sampler = task_sampler(cfg)
+            load_sampler_state(run, start, sampler)
+            session = _Session(cfg, run, rt, store, metrics, stop, first_step=start, task_sampler=sampler)
             before = await _held_out(rt, "untrained", stop)
 
             async def after_step(step: int) -> None:
                 if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+                    save_sampler_state(run, step + 1, sampler)  # before the checkpoint: it always has one
                     await rt.save_checkpoint(run, step + 1, keep=cfg.keep_checkpoints)
 
             if cfg.max_staleness > 0 if overlap is None else overlap:
@@ -148,6 +154,7 @@ async def _train(cfg: TrainConfig, run: RunDir, runtime: RuntimeFactory | None, 
                 # The weights are those after the last completed step: make sure a checkpoint says so.
                 latest = run.latest_checkpoint()
                 if latest is None or latest.step != step:
+                    save_sampler_state(run, step, sampler)
                     await rt.save_checkpoint(run, step, keep=cfg.keep_checkpoints)
             if not stop.is_set() and before is not None:
                 after = await _held_out(rt, "trained", stop)
@@ -183,47 +190,55 @@ async def _held_out(rt: TrainRuntime, label: str, stop: asyncio.Event) -> EvalRe
 
 
 async def _train_step(s: _Session, step: int) -> bool:
-    """One training step. Returns False when a stop was requested before it finished."""
+    """One training step. Returns False when a stop was requested before it finished.
+
+    The step draws ``groups-per-step`` tasks; with ``--dynamic-sampling true`` it drops the finished groups
+    without reward signal and draws again (in rounds: as many as it still needs) until it has enough or
+    reaches the cap (:class:`~agentrl.dynamic_sampling.StepDraws`)."""
     cfg, runtime = s.cfg, s.runtime
     t_step = time.perf_counter()
-    seeds = task_seeds(cfg.seed, step, cfg.groups_per_step)
+    draws = StepDraws.of(cfg.groups_per_step, cfg.dynamic_sampling)
     # Reading the run's trajectories back is only needed once, for the step a resumed run starts at.
-    groups = _complete_groups(s.run, step, cfg.group_size) if step == s.first_step else []
-    reused_tasks = {g.task_id for g in groups}
-    reused = sum(len(g) for g in groups)
-    todo = [seed for seed in seeds if f"{cfg.env}:{seed}" not in reused_tasks]
-    total = len(todo) * cfg.group_size
-    bar = Progress(cfg.progress, total, f"step {step} rollout")
+    on_disk = (
+        {g.task_id: g for g in _complete_groups(s.run, step, cfg.group_size)} if step == s.first_step else {}
+    )
+    reused: list[TrajectoryGroup] = []
+    new: list[TrajectoryGroup] = []
+    kept: set[int] = set()  # id() of the groups trained
+    bar = Progress(cfg.progress, draws.need() * cfg.group_size, f"step {step} rollout")
     meta = TrajectoryMeta(env_id=cfg.env, step=step, policy_version=runtime.version)
-
-    async def rollout() -> None:
-        async for done in runtime.run_groups(seeds=todo, group_size=cfg.group_size, meta=meta):
-            await s.store.append(done.trajectory)  # on disk before anything else: kill -9 loses nothing
-            if done.group is not None:
-                groups.append(done.group)
-            bar.update(reward=f"{done.trajectory.reward:.2f}")
-
-    rollout_task = asyncio.ensure_future(rollout())
-    stop_task = asyncio.ensure_future(s.stop.wait())
-    await asyncio.wait({rollout_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-    stop_task.cancel()
-    if not rollout_task.done():
-        rollout_task.cancel()
-        await asyncio.gather(rollout_task, return_exceptions=True)
-        bar.close()
-        return False
-    rollout_task.result()
+    while (n := draws.need()) > 0:
+        seeds = s.task_sampler.tasks(step, draws.issue(n))
+        this_round = [g for seed in seeds if (g := on_disk.pop(f"{cfg.env}:{seed}", None)) is not None]
+        reused += this_round
+        done = {g.task_id for g in this_round}
+        todo = [seed for seed in seeds if f"{cfg.env}:{seed}" not in done]
+        if draws.drawn > cfg.groups_per_step:
+            bar.set(f"step {step} refill ({draws.drawn} drawn)")
+        if not await _rollout(s, todo, meta, bar, this_round, new):
+            return False
+        for g in this_round:
+            if draws.record(group_verdict(g)):
+                kept.add(id(g))
     bar.close()
     t_rollout = time.perf_counter() - t_step
 
     t_learn = time.perf_counter()
-    usable = [u for g in groups if (u := g.usable()) is not None]
+    groups = reused + new  # the order of their lines in the trajectory file (replay rebuilds it)
+    usable = [u for g in groups if id(g) in kept and (u := g.usable()) is not None]
     row: dict[str, float] = episode_metrics([t for g in groups for t in g])
-    row["episodes/reused"] = float(reused)
+    row["episodes/reused"] = float(sum(len(g) for g in reused))
+    row.update(draw_metrics(draws, groups, usable))
+    s.task_sampler.observe(step, groups)
+    if draws.capped:
+        print(
+            f"step {step}: drew the most groups --dynamic-sampling.max-draws allows ({draws.drawn}) and "
+            f"{draws.with_signal} of {cfg.groups_per_step} had reward signal; training on those"
+        )
     if usable:
         row.update(await runtime.update(usable))
     else:
-        print(f"step {step}: every episode failed for infrastructure reasons; no update")
+        print(f"step {step}: no group to train on (every episode failed, or none had signal); no update")
     t_publish = time.perf_counter()
     await runtime.publish(step + 1)
     row["time/publish_s"] = time.perf_counter() - t_publish
@@ -238,6 +253,41 @@ async def _train_step(s: _Session, step: int) -> bool:
     ):
         if warning is not None:
             print(f"step {step}: {warning}", file=sys.stderr)
+    return True
+
+
+async def _rollout(
+    s: _Session,
+    seeds: list[int],
+    meta: TrajectoryMeta,
+    bar: Progress,
+    this_round: list[TrajectoryGroup],
+    new: list[TrajectoryGroup],
+) -> bool:
+    """Run one group per seed, storing every trajectory as it finishes and appending each group to both
+    lists as it completes; False when a stop was requested first (the rollout is cancelled)."""
+
+    async def rollout() -> None:
+        events = s.runtime.run_groups(seeds=seeds, group_size=s.cfg.group_size, meta=meta)
+        async for done in events:
+            await s.store.append(done.trajectory)  # on disk before anything else: kill -9 loses nothing
+            if done.group is not None:
+                this_round.append(done.group)
+                new.append(done.group)
+            bar.update(reward=f"{done.trajectory.reward:.2f}")
+
+    if not seeds:
+        return True
+    rollout_task = asyncio.ensure_future(rollout())
+    stop_task = asyncio.ensure_future(s.stop.wait())
+    await asyncio.wait({rollout_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    stop_task.cancel()
+    if not rollout_task.done():
+        rollout_task.cancel()
+        await asyncio.gather(rollout_task, return_exceptions=True)
+        bar.close()
+        return False
+    rollout_task.result()
     return True
 
 

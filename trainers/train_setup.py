@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -24,6 +24,7 @@ from agentrl import JsonlStore, TrajectoryGroup, read_groups
 from agentrl.chat import ChatRenderer
 from agentrl.config import config_to_dict
 from agentrl.credit import OTB, AdvantageEstimator, Estimator, estimator_config
+from agentrl.dynamic_sampling import DynamicSamplingConfig, NoDynamicSampling
 from agentrl.errors import ConfigError
 from agentrl.learner import LearnerConfig
 from agentrl.learner.correction import Correction
@@ -38,6 +39,9 @@ from agentrl.run import ModelSpec, RunDir
 from agentrl.staleness import Admission, OnStale
 from agentrl.trainers.evaluate import EvalConfig
 from agentrl.trainers.runtime import TrainRuntime
+
+if TYPE_CHECKING:
+    from agentrl.trainers.task_sampler import TaskSampler
 
 __all__ = [
     "RESUMABLE",
@@ -168,6 +172,15 @@ class TrainConfig:
     """LoRA adapters instead of full fine-tuning (--lora.rank R > 0; peft): the optimizer holds only the
     adapters, checkpoints hold only the adapter (plus the base model's name and weights checksum) and samplers
     get only the adapter after each step. See agentrl/lora.py and docs/lora.md."""
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=NoDynamicSampling)
+    """true: drop groups whose usable members' rewards have zero variance (no group-relative signal) and
+    draw fresh tasks until the step holds --groups-per-step groups with signal, at most
+    --dynamic-sampling.max-draws × groups-per-step draws (then it trains on what it has). Infra failures
+    are not rewards: a group is judged on its usable members. See agentrl/dynamic_sampling.py."""
+    curriculum: Literal["none", "difficulty"] = "none"
+    """difficulty: draw tasks from pools by their recent group mean reward (new, medium, always solved,
+    never solved; the last two less often, never never); its state is saved with each checkpoint. See
+    trainers/task_sampler.py."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -244,6 +257,10 @@ class TrainConfig:
             raise ConfigError(f"--master-dtype must be float32 or bfloat16, got {self.master_dtype!r}")
         if self.master_dtype == "bfloat16" and self.dtype == "float32":
             raise ConfigError("--master-dtype bfloat16 needs --dtype bfloat16 (pure bf16) or auto on CUDA")
+        if self.dynamic_sampling.enabled and self.group_size < 2:
+            raise ConfigError("--dynamic-sampling true needs --group-size >= 2: one member has no variance")
+        if self.curriculum not in ("none", "difficulty"):
+            raise ConfigError(f"--curriculum must be none or difficulty, got {self.curriculum!r}")
         if self.resume is not None and self.out is not None and Path(self.out) != Path(self.resume):
             raise ConfigError("--resume continues a run in place; do not also pass a different --out")
 
@@ -512,6 +529,8 @@ class _Session:
     stop: asyncio.Event
     first_step: int
     """The step this process started at: only it can find its own episodes already on disk (a resume)."""
+    task_sampler: TaskSampler
+    """The task of each draw of each step (its state loaded on resume)."""
 
 
 def tokenizer_pad_id(renderer: ChatRenderer) -> int:

@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentrl.dynamic_sampling import GroupVerdict, group_verdict
 from agentrl.errors import ConfigError, InfraError
 from agentrl.groups import TrajectoryGroup
 from agentrl.rollout import EpisodeDone
@@ -163,6 +164,7 @@ class RayRuntime:
         self.last_sync: list[ServerState] = []
         self.learner_checksum = ""
         self._all_infra: set[GroupKey] = set()
+        self._no_signal: dict[GroupKey, GroupVerdict] = {}  # --dynamic-sampling true drops these
         self.sync_s = 0.0
         """Seconds the last weight sync took (publish, every server loaded and checked)."""
 
@@ -350,6 +352,10 @@ class RayRuntime:
                     trajs = result.trajectories
                     if all(t.infra_failure for t in trajs):
                         self._all_infra.add(key)
+                    elif self.cfg.dynamic_sampling.enabled:
+                        verdict = group_verdict(TrajectoryGroup(trajs))
+                        if verdict is not GroupVerdict.SIGNAL:
+                            self._no_signal[key] = verdict
                     for i, t in enumerate(trajs):
                         yield EpisodeDone(t, TrajectoryGroup(trajs) if i == len(trajs) - 1 else None)
         finally:
@@ -424,10 +430,13 @@ class RayRuntime:
             if e.step != step or k in trained:
                 continue
             if e.state.value == "done":
+                verdict = self._no_signal.pop(k, None)
                 self.ledger.drop(
                     k,
                     "every episode failed for infrastructure reasons"
                     if k in self._all_infra
+                    else f"filtered by dynamic sampling: {verdict.value}"
+                    if verdict is not None
                     else "finished but not trained (the trainer dropped it)",
                 )
             elif e.state.value in ("pending", "leased"):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.chat import ChatRenderer
+from agentrl.dynamic_sampling import GroupVerdict, group_verdict
 from agentrl.errors import ConfigError
 from agentrl.groups import group_trajectories
 from agentrl.learner import Learner
@@ -22,6 +23,7 @@ from agentrl.update import policy_update, score_and_credit
 __all__ = [
     "HALF_ATOL",
     "HALF_RTOL",
+    "OPTIMIZER_STEP_METRICS",
     "MetricCheck",
     "StepReport",
     "reproduce_step",
@@ -37,6 +39,8 @@ well under 0.5%; a trained SmolLM2's log-probs move by up to ~1 (docs/checkpoint
 reproduce even so: the report names the float16 copy."""
 HALF_ATOL = 1e-3
 """Absolute tolerance of a step reproduced from float16 weights (see :data:`HALF_RTOL`)."""
+OPTIMIZER_STEP_METRICS = ("learn/update_rel_norm", "learn/unchanged_frac")
+"""Metrics of the optimizer's own step: replay compares them at step 0 only (see :func:`reproduce_step`)."""
 
 
 @dataclass(frozen=True)
@@ -101,9 +105,13 @@ def step_batch(run: Run, step: int) -> tuple[list[int], list[int]]:
     episode metrics) and, among them, the ones it trained on (infra failures dropped), in batch order.
 
     The trainer uses every *complete* group of the step (a resumed step re-runs incomplete ones, whose
-    leftovers stay in the file but were never trained on), the last one of each task.
+    leftovers stay in the file but were never trained on), the last one of each task; with
+    ``--dynamic-sampling true`` only those with reward signal (:func:`agentrl.dynamic_sampling.group_verdict`,
+    the trainer's own test: refills are groups of the step like the others).
     """
-    group_size = train_config(run).group_size if run.run_dir is not None else None
+    cfg = train_config(run) if run.run_dir is not None else None
+    group_size = cfg.group_size if cfg is not None else None
+    filtering = cfg is not None and cfg.dynamic_sampling.enabled
     members: dict[str, list[int]] = {}
     for i, t in enumerate(run.trajectories):
         if t.meta.step == step:
@@ -121,7 +129,13 @@ def step_batch(run: Run, step: int) -> tuple[list[int], list[int]]:
     # The trainer's rows: groups in the order they completed, members in finishing order (= file order).
     pos = {id(run.trajectories[i]): i for i in all_idx}
     groups = group_trajectories(run.trajectories[i] for i in all_idx)
-    trained = [pos[id(t)] for g in groups for t in g if not t.infra_failure]
+    trained = [
+        pos[id(t)]
+        for g in groups
+        if not filtering or group_verdict(g) is GroupVerdict.SIGNAL
+        for t in g
+        if not t.infra_failure
+    ]
     return all_idx, trained
 
 
@@ -247,6 +261,11 @@ def reproduce_step(
         )
         dev_s = str(learner.device)
         got.update(update.metrics)
+        if step > 0:
+            # The size of the optimizer's step depends on AdamW's moments from the earlier steps, which the
+            # replay's fresh optimizer does not have (older checkpoints keep none): not comparable.
+            for name in OPTIMIZER_STEP_METRICS:
+                got.pop(name, None)
         advantages = _per_token(update.credit.advantages_B_T, [run.trajectories[i] for i in trained])
     checks = []
     for name, value in got.items():
