@@ -13,6 +13,7 @@ from agentrl.errors import ConfigError
 from agentrl.groups import group_trajectories
 from agentrl.learner import Learner
 from agentrl.learner.correction import Correction
+from agentrl.learner.stability import StepInputs, observe_step, stability_at
 from agentrl.replay import Run
 from agentrl.trainers.replay.weights import exact_weights, load_tokenizer_for, load_weights, train_config
 from agentrl.trainers.train_setup import tokenizer_pad_id
@@ -242,6 +243,9 @@ def reproduce_step(
         )
         dev_s = str(learner.device)
         got.update(update.metrics)
+        # The lr schedule's and collapse check's decision, from the state the step's checkpoint stored.
+        stab = observe_step(cfg.learner, stability_at(run.run_dir, step), StepInputs.of(groups), step=step)
+        got.update(stab.metrics)
         advantages = _per_token(update.credit.advantages_B_T, [run.trajectories[i] for i in trained])
     checks = []
     for name, value in got.items():
