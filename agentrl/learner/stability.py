@@ -151,10 +151,13 @@ class StabilityStep:
         c = self.collapse
         if not c.collapsed:
             return None
+        # One silent step happens in healthy runs too (easy and hard prompts at once); a run of them is the
+        # absorbing all-fail state of docs/reproduction.md §3.4.
         return (
-            f"step {step}: collapse — every group's members got the same reward "
+            f"step {step}: no learning signal — every group's members got the same reward "
             f"({c.state.silent_steps} step(s) in a row, after {c.state.signal_steps} step(s) with signal): "
-            "every group-baseline advantage is 0, so the run is training on nothing"
+            "every group-baseline advantage is 0, so the run is training on nothing; if this persists, "
+            "the run has collapsed"
         )
 
 
