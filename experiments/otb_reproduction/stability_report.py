@@ -37,8 +37,8 @@ def _budget(setting: Any) -> Any:
 
 
 def collapse_step(run: dict[str, Any], k: int = 10) -> int | None:
-    """First step at which the ``k``-step mean training reward is 0 after it had been above 0.05 (the
-    absorbing all-fail state); None when the run never gets there."""
+    """First step of the first ``k`` steps in a row with training reward 0, after a ``k``-step mean above
+    0.05 (the absorbing all-fail state); None when the run never gets there."""
     r = np.array([s["reward"] for s in run["steps"]])
     if len(r) < k:
         return None
@@ -47,7 +47,7 @@ def collapse_step(run: dict[str, Any], k: int = 10) -> int | None:
     for i, v in enumerate(m):
         seen = seen or v > 0.05
         if seen and v == 0.0:
-            return i + k - 1
+            return i
     return None
 
 
@@ -86,6 +86,12 @@ def per_run(run: dict[str, Any]) -> dict[str, Any]:
         "final_lr": steps[-1].get("lr") if steps else None,
         "surge": rl_report._surge(g[np.isfinite(g)]),
         "first_flagged_step": next((i for i, s in enumerate(steps) if s.get("collapsed")), None),
+        # Longest run of flagged (no-signal) steps before the collapse, and the run's total flagged steps: how
+        # often the per-step flag fires in a healthy phase.
+        "longest_silent_before_collapse": max(
+            (s.get("silent_steps", 0) for s in steps[: cs if cs is not None else len(steps)]), default=0
+        ),
+        "flagged_steps": int(sum(bool(s.get("collapsed")) for s in steps)),
         "tokens_per_episode_first10": float(np.mean([s["model_tokens_per_episode"] for s in steps[:10]])),
         "tokens_per_episode_last10": float(np.mean([s["model_tokens_per_episode"] for s in steps[-10:]])),
     }
@@ -187,6 +193,49 @@ def summarize(work: Path, out: Path, arms: dict[str, Any]) -> dict[str, Any]:
     return res
 
 
+def _fmt(x: Any, spec: str = ".2f") -> str:
+    return "—" if x is None or (isinstance(x, float) and not np.isfinite(x)) else format(x, spec)
+
+
+def markdown(res: dict[str, Any]) -> str:
+    """The tables of docs/reproduction.md §3.4."""
+    lines = [
+        "| estimator | seeds | constant: collapsed | length-triggered: collapsed | decays fired "
+        "| final success, constant | final success, length-triggered |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for label, c in res["stress"].items():
+        lt = c["length_triggered"]
+        seeds = ", ".join(str(r["seed"]) for r in c["constant"])
+        n_c = sum(r["collapsed"] for r in c["constant"])
+        n_l = sum(r["collapsed"] for r in lt["runs"])
+        dec = sum(len(r["decay_steps"]) for r in lt["runs"])
+        ci = lambda v: f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]"  # noqa: E731
+        lines.append(
+            f"| {label} | {seeds} | {n_c}/{len(c['constant'])} | {n_l}/{len(lt['runs'])}"
+            f"{' (missing ' + str(lt['missing_seeds']) + ')' if lt['missing_seeds'] else ''} | {dec} "
+            f"| {ci(c['constant_final'])} | {ci(lt['final'])} |"
+        )
+    lines += [
+        "",
+        "| run | steps | peak → final held-out | collapse starts at step | length ratio, 10 steps before "
+        "it | largest length ratio, any step | first/total no-signal steps | longest no-signal streak "
+        "before collapse | tokens/episode, first → last 10 steps |",
+        "|---|---:|---|---:|---:|---:|---|---:|---|",
+    ]
+    for label, c in res["stress"].items():
+        for r in c["constant"]:
+            lines.append(
+                f"| {label} s{r['seed']} | {r['steps']} | {r['peak']:.2f} → {r['final']:.2f} "
+                f"| {_fmt(r['collapse_step'], 'd')} | {_fmt(r['length_ratio_before_collapse'])} "
+                f"| {_fmt(r['max_length_ratio'])} "
+                f"| {_fmt(r['first_flagged_step'], 'd')}/{r['flagged_steps']} "
+                f"| {r['longest_silent_before_collapse']:.0f} "
+                f"| {r['tokens_per_episode_first10']:.1f} → {r['tokens_per_episode_last10']:.1f} |"
+            )
+    return "\n".join(lines)
+
+
 def plot(work: Path, path: Path) -> None:
     """Held-out success and gradient norm against tokens: constant vs length-triggered, per estimator."""
     import matplotlib
@@ -244,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     res = summarize(a.work, a.out, ARMS)
     (a.out / "stability.json").write_text(json.dumps(res, indent=1, default=float) + "\n")
     plot(a.work, a.figs / "stability-stress.png")
-    print(json.dumps(res, indent=1, default=float))
+    print(markdown(res))
     return 0
 
 

@@ -40,6 +40,8 @@ SCHEDULE = [
     "1.01",
     "--learner.lr",
     "1e-3",
+    "--older-checkpoints",
+    "whole",  # step 1's checkpoint stays resumable for the distributed learner's test
 ]
 
 
@@ -115,3 +117,34 @@ def test_replay_notices_a_wrong_rate(runs: tuple[Path, Path], tmp_path: Path) ->
     (copy / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     rep = rerun.reproduce_step(replay.load(copy), 1)
     assert not rep.matches and [c.name for c in rep.checks if not c.match] == ["learn/lr"]
+
+
+def test_the_distributed_learner_resumes_the_schedule_like_the_local_one(
+    runs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """One LearnerActor (world 1, no Ray needed) resumed from the run's step-1 checkpoint trains step 1 with
+    the logged rate and signal, and writes the step-2 checkpoint's schedule state as the local trainer did."""
+    import shutil
+
+    from agentrl.groups import group_trajectories
+    from agentrl.trainers.distributed.learner import LearnerActor
+
+    whole = runs[0]
+    copy = tmp_path / "run"
+    shutil.copytree(whole, copy)
+    shutil.rmtree(copy / "checkpoints" / "step-000002")
+    run = replay.load(copy)
+    cfg = rerun.train_config(run)
+    actor = LearnerActor(0, 1, cfg)
+    actor.setup(None)
+    assert actor.load_checkpoint(str(copy)) == 1
+    _, trained = rerun.step_batch(run, 1)
+    groups = list(group_trajectories(run.trajectories[i] for i in trained))
+    metrics = actor.update(groups, 1)
+    row = read_metrics(whole)[1]
+    for key in ("learn/lr", "learn/lr_length_ratio", "learn/lr_decays", "stability/zero_variance_frac"):
+        assert metrics[key] == row[key], key
+    actor.save_checkpoint(str(copy), 2, keep=3)
+    got = json.loads((copy / "checkpoints" / "step-000002" / "state.json").read_text())["extra"]
+    want = json.loads((whole / "checkpoints" / "step-000002" / "state.json").read_text())["extra"]
+    assert got["stability"] == want["stability"]
