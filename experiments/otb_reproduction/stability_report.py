@@ -236,8 +236,10 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(work: Path, path: Path) -> None:
-    """Held-out success and gradient norm against tokens: constant vs length-triggered, per estimator."""
+def plot(work: Path, path: Path, trigger: float) -> None:
+    """Per estimator (columns), one line per seed of the constant stress runs: held-out success, gradient
+    norm and the length-triggered schedule's signal against the trigger (a length-triggered run that was
+    trained because the rule fired is drawn dashed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -245,38 +247,35 @@ def plot(work: Path, path: Path) -> None:
 
     const = rl_report.load_runs(work / "rl", S.STRESS.name, _budget(S.STRESS))
     lt = rl_report.load_runs(work / "rl", S.STRESS_LT.name, _budget(S.STRESS_LT))
-    fig, axes = plt.subplots(2, len(CONFIGS), figsize=(12, 5.5), dpi=100, sharex=True)
+    fig, axes = plt.subplots(3, len(CONFIGS), figsize=(12, 7.5), dpi=100, sharex=True)
     for j, label in enumerate(CONFIGS):
         col = rl_report.COLORS[label]
-        for runs, ls, name in (
-            (const.get(label, []), ":", "constant"),
-            (lt.get(label, []), "-", "length-trig."),
-        ):
-            for i, r in enumerate(runs):
+        for runs, ls in ((const.get(label, []), "-"), (lt.get(label, []), "--")):
+            for r in runs:
                 xs = np.array([c["tokens"] for c in r["curve"]]) / 1e3
-                axes[0, j].plot(
-                    xs,
-                    [c["success"] for c in r["curve"]],
-                    ls,
-                    color=col,
-                    lw=1,
-                    label=f"{name}" if i == 0 else None,
-                )
+                axes[0, j].plot(xs, [c["success"] for c in r["curve"]], ls, color=col, lw=1, alpha=0.8)
                 t = np.array([s["tokens"] for s in r["steps"]]) / 1e3
                 g = np.array([s["grad_norm"] for s in r["steps"]])
                 k = 5
-                axes[1, j].plot(
-                    t[k - 1 :], np.convolve(g, np.ones(k) / k, mode="valid"), ls, color=col, lw=0.8
-                )
-                for d in per_run(r)["decay_steps"]:
-                    axes[1, j].axvline(t[d], color=col, lw=0.5, alpha=0.5)
-        axes[0, j].set_title(f"{label}, stress (lr 1e-3, no clipping)", fontsize=9)
+                sm = np.maximum(np.convolve(g, np.ones(k) / k, mode="valid"), 1e-4)  # 0 drawn at 1e-4
+                axes[1, j].plot(t[k - 1 :], sm, ls, color=col, lw=0.8, alpha=0.8)
+                q = np.array([s.get("lr_length_ratio", np.nan) for s in r["steps"]], dtype=float)
+                axes[2, j].plot(t, q, ls, color=col, lw=0.8, alpha=0.8)
+                cs = collapse_step(r)
+                if cs is not None:
+                    for ax in axes[:, j]:
+                        ax.axvline(t[cs], color=col, lw=0.6, ls=":")
+        n = len(const.get(label, []))
+        axes[0, j].set_title(f"{label}, stress, {n} seed(s) (dotted: collapse starts)", fontsize=9)
         axes[0, j].set_ylim(0, 1)
-        axes[0, j].legend(fontsize=7)
-        axes[1, j].set_yscale("symlog", linthresh=1e-3)
-        axes[1, j].set_xlabel("generated model tokens (thousands)")
-    axes[0, 0].set_ylabel("held-out success (one line per seed)")
-    axes[1, 0].set_ylabel("grad norm (5-step mean)")
+        axes[1, j].set_yscale("log")
+        axes[1, j].set_ylim(5e-5, 10)
+        axes[2, j].axhline(trigger, color="gray", lw=1, ls="--")
+        axes[2, j].set_ylim(0.3, 1.6)
+        axes[2, j].set_xlabel("generated model tokens (thousands)")
+    axes[0, 0].set_ylabel("held-out success")
+    axes[1, 0].set_ylabel("grad norm (5-step mean; 0 at 1e-4)")
+    axes[2, 0].set_ylabel(f"length ratio (trigger {trigger})")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
@@ -292,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     res = summarize(a.work, a.out, ARMS)
     (a.out / "stability.json").write_text(json.dumps(res, indent=1, default=float) + "\n")
-    plot(a.work, a.figs / "stability-stress.png")
+    plot(a.work, a.figs / "stability-stress.png", S.STRESS_LT.lr_trigger)
     print(markdown(res))
     return 0
 
