@@ -73,6 +73,7 @@ def per_run(run: dict[str, Any]) -> dict[str, Any]:
         decays = [0, *decays]
     g = np.array([s["grad_norm"] for s in steps])
     ratios = np.array([s.get("lr_length_ratio", np.nan) for s in steps], dtype=float)
+    pre = ratios[:cs]  # the whole run when it never collapsed (cs None)
     return {
         "seed": run["seed"],
         "steps": len(steps),
@@ -82,6 +83,7 @@ def per_run(run: dict[str, Any]) -> dict[str, Any]:
         "collapse_step": cs,
         "length_ratio_before_collapse": None if cs is None else length_before(run, cs),
         "max_length_ratio": float(np.nanmax(ratios)) if np.isfinite(ratios).any() else None,
+        "max_length_ratio_before_collapse": float(np.nanmax(pre)) if np.isfinite(pre).any() else None,
         "decay_steps": decays,
         "final_lr": steps[-1].get("lr") if steps else None,
         "surge": rl_report._surge(g[np.isfinite(g)]),
@@ -219,8 +221,8 @@ def markdown(res: dict[str, Any]) -> str:
     lines += [
         "",
         "| run | steps | peak → final held-out | collapse starts at step | length ratio, 10 steps before "
-        "it | largest length ratio, any step | first/total no-signal steps | longest no-signal streak "
-        "before collapse | tokens/episode, first → last 10 steps |",
+        "it | largest length ratio before it (any step) | first/total no-signal steps "
+        "| longest no-signal streak before collapse | tokens/episode, first → last 10 steps |",
         "|---|---:|---|---:|---:|---:|---|---:|---|",
     ]
     for label, c in res["stress"].items():
@@ -228,7 +230,7 @@ def markdown(res: dict[str, Any]) -> str:
             lines.append(
                 f"| {label} s{r['seed']} | {r['steps']} | {r['peak']:.2f} → {r['final']:.2f} "
                 f"| {_fmt(r['collapse_step'], 'd')} | {_fmt(r['length_ratio_before_collapse'])} "
-                f"| {_fmt(r['max_length_ratio'])} "
+                f"| {_fmt(r['max_length_ratio_before_collapse'])} ({_fmt(r['max_length_ratio'])}) "
                 f"| {_fmt(r['first_flagged_step'], 'd')}/{r['flagged_steps']} "
                 f"| {r['longest_silent_before_collapse']:.0f} "
                 f"| {r['tokens_per_episode_first10']:.1f} → {r['tokens_per_episode_last10']:.1f} |"
