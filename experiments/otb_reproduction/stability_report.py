@@ -147,6 +147,18 @@ def arm(
     return rows, missing
 
 
+def same_as_committed(run: dict[str, Any], comm: dict[str, Any]) -> bool:
+    """A rerun constant run equals the committed sweep's run of its seed: step count, tokens-to-target at
+    every target and gradient-norm surge."""
+    i = comm["seeds"].index(run["seed"])
+    ok = len(run["steps"]) == comm["steps"][i]
+    for tg, cell in comm["tokens_to_target"].items():
+        t, _ = rl_report.tokens_to_target(run["curve"], float(tg), run["setting"]["token_budget"])
+        ok = ok and abs(t - cell["per_seed"][i]) < 1e-6
+    g = np.array([s["grad_norm"] for s in run["steps"]])
+    return bool(ok and np.isclose(rl_report._surge(g[np.isfinite(g)]), comm["grad_norm_surge"][i]))
+
+
 def summarize(work: Path, out: Path, arms: dict[str, Any]) -> dict[str, Any]:
     """Everything the stability section reports."""
     committed = json.loads((out / "rl.json").read_text())
@@ -157,14 +169,10 @@ def summarize(work: Path, out: Path, arms: dict[str, Any]) -> dict[str, Any]:
         comm = committed["stress"]["configs"][label]
         const = [per_run(r) for r in c_runs]
         # The constant runs of this checkout against the committed sweep (same seeds, same code path).
-        same = [
-            r["steps"] == comm["steps"][comm["seeds"].index(r["seed"])]
-            for r in const
-            if r["seed"] in comm["seeds"]
-        ]
+        same = [same_as_committed(r, comm) for r in c_runs if r["seed"] in comm["seeds"]]
         cell: dict[str, Any] = {
             "committed_collapsed": comm["collapsed"],
-            "rerun_steps_match_committed": same,
+            "rerun_matches_committed": same,
             "constant": const,
             "constant_collapsed": boot_frac(np.array([r["collapsed"] for r in const])),
             "constant_final": rl_report.boot_mean(
