@@ -15,6 +15,7 @@ from agentrl.checkpoint import CheckpointState, load_checkpoint, save_checkpoint
 from agentrl.groups import TrajectoryGroup
 from agentrl.heap import trim_heap
 from agentrl.learner import Learner
+from agentrl.learner.stability import StabilityState, begin_step, stability_at, stability_extra
 from agentrl.lora import Adapted, apply_lora
 from agentrl.lora_sync import adapter_params, check_served
 from agentrl.models import resolve_model
@@ -58,6 +59,7 @@ class LocalRuntime:
         self.pool = pool
         self.make_env = pg._env_factory(cfg, pool) if agent is None else None
         self._start = start_step
+        self._stability: StabilityState | None = None  # read from the start checkpoint at the first update
 
     @property
     def start_step(self) -> int:
@@ -98,6 +100,9 @@ class LocalRuntime:
             clear()  # the KV of this step's turns is stale once the weights change: free it before learning
         trim_heap()
         step = int(groups[0][0].meta.step or 0)  # the step that trains them (the learner's version)
+        if self._stability is None:
+            self._stability = stability_at(self.run, self.start_step)
+        stab = begin_step(self.cfg.learner, self.learner.optimizer, self._stability, groups, step=step)
         update = await asyncio.to_thread(
             policy_update,
             self.learner,
@@ -109,7 +114,11 @@ class LocalRuntime:
         )
         c = update.credit
         save_step_scores(self.run, step, groups, c.logprobs_B_T, c.sum_pi_squared_B_T)
-        return update.metrics
+        self._stability = stab.state
+        warning = stab.warning(step)
+        if warning is not None:
+            print(warning, file=sys.stderr)
+        return {**update.metrics, **stab.metrics}
 
     async def held_out(self, label: str) -> EvalReport | None:
         """The held-out evaluation of the current weights (``--eval``), labelled ``untrained``/``trained``;
@@ -140,13 +149,15 @@ class LocalRuntime:
             await asyncio.to_thread(check_served, self.run, self.policy, self.learner.model, version)
 
     async def save_checkpoint(self, run: RunDir, step: int, *, keep: int) -> None:
-        """Weights, optimizer and RNG after ``step`` steps."""
+        """Weights, optimizer, RNG and the learning-rate schedule's state after ``step`` steps."""
+        if self._stability is None:  # no update since the start: keep the start checkpoint's state
+            self._stability = stability_at(self.run, self.start_step)
         save_checkpoint(
             run,
             model=self.adapted if self.adapted is not None else self.model,
             optimizer=self.learner.optimizer,
             tokenizer=self.tokenizer,
-            state=CheckpointState(step, step, {"next_step": step}),
+            state=CheckpointState(step, step, {"next_step": step, **stability_extra(self._stability)}),
             keep=keep,
             older=self.cfg.older_checkpoints,
         )

@@ -14,9 +14,11 @@ Modules (each imports only those above it):
 
 * :mod:`~agentrl.learner.forward` — :func:`forward_logprobs`: log π, Σπ² and entropy, chunked over tokens;
 * :mod:`~agentrl.learner.losses` — :func:`policy_loss` (REINFORCE, PPO-clip, dual clip) and the k3 KL;
+* :mod:`~agentrl.learner.schedule` — the learning-rate schedules (``constant``, ``length-triggered``), pure;
 * :mod:`~agentrl.learner.config` — :class:`LearnerConfig` and :class:`LearnerStats`;
 * :mod:`~agentrl.learner.distributed` — rank helpers and :func:`wrap_fsdp` (torch FSDP2);
-* :mod:`~agentrl.learner.learner` — :class:`Learner` (micro-batching, ``score``, ``step``).
+* :mod:`~agentrl.learner.learner` — :class:`Learner` (micro-batching, ``score``, ``step``);
+* :mod:`~agentrl.learner.stability` — the trainers' per-step schedule and collapse check, checkpointed.
 """
 
 from agentrl.batch import TokenBatch, collate

@@ -8,6 +8,7 @@ from typing import Literal
 
 from agentrl.errors import ConfigError
 from agentrl.learner.losses import PolicyLossName
+from agentrl.learner.schedule import LRScheduleName, validate_options
 
 __all__ = ["LearnerConfig", "LearnerStats", "LossAgg"]
 
@@ -71,6 +72,20 @@ class LearnerConfig:
     """Pack each micro-batch's sequences end to end in rows without padding (per-sequence positions,
     attention kept inside each sequence) for HF causal LMs that support it; other models, or False, get
     right-padded rows. Results agree to floating-point rounding."""
+    lr_schedule: LRScheduleName = "constant"
+    """Learning-rate schedule of the trainers: ``constant`` (``lr`` every step) or ``length-triggered``
+    (multiply the rate by ``lr_decay`` when the mean response length surges by ``lr_trigger`` within
+    ``lr_window`` steps; :mod:`agentrl.learner.schedule`, docs/reproduction.md "Stability")."""
+    lr_window: int = 10
+    """length-triggered: steps per window; the signal compares the last window's mean length with the
+    window before it."""
+    lr_trigger: float = 1.3
+    """length-triggered: decay when the recent window's mean length is at least this multiple of the
+    previous window's (1.3 = 30 % longer)."""
+    lr_decay: float = 0.5
+    """length-triggered: the factor each trigger multiplies the rate by."""
+    lr_floor: float = 0.1
+    """length-triggered: the rate never goes below this fraction of ``lr``."""
 
     def __post_init__(self) -> None:
         if self.policy_loss not in ("ppo", "reinforce"):
@@ -98,6 +113,7 @@ class LearnerConfig:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
         if self.chunk_size < 0:
             raise ConfigError(f"chunk_size must be >= 1 or 0 (for the device), got {self.chunk_size}")
+        validate_options(self.lr_schedule, self.lr_window, self.lr_trigger, self.lr_decay, self.lr_floor)
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,7 +59,12 @@ def cmd_sweep(
     work: Path, name: str, quick: bool, seeds: list[int] | None, only: list[str] | None = None
 ) -> list[dict]:
     """Run (or load) every run of one setting's sweep (``only``: just these configurations, ``otb-N4``...)."""
-    setting, configs = {"main": (S.MAIN, S.MAIN_CONFIGS), "stress": (S.STRESS, S.STRESS_CONFIGS)}[name]
+    setting, configs = {
+        "main": (S.MAIN, S.MAIN_CONFIGS),
+        "stress": (S.STRESS, S.STRESS_CONFIGS),
+        "stress-lt": (S.STRESS_LT, S.STRESS_CONFIGS),
+        "main-lt": (S.MAIN_LT, S.STRESS_CONFIGS),
+    }[name]
     if quick:
         setting, configs = S.quick(setting), S.QUICK_CONFIGS
     if only:

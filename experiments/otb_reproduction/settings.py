@@ -31,6 +31,10 @@ STRESS = Setting(
 )
 """The same task at a 3.3x learning rate without gradient clipping: where estimators may collapse (at
 10x, 3e-3, every estimator collapsed within ten steps in a first try, seed 0, so it told nothing apart)."""
+STRESS_LT = replace(STRESS, name="stress-lr-lt", lr_schedule="length-triggered")
+"""The stress setting with the length-triggered learning-rate schedule (LearnerConfig's default options)."""
+MAIN_LT = replace(MAIN, name="main-lt", lr_schedule="length-triggered")
+"""The main (not stressed) setting with the length-triggered schedule: does it cost tokens to target?"""
 # A longer-horizon setting (K = 8, ~110 model tokens per episode) was planned; its warm start (noisy
 # demonstrations, slip 0.05) was still at 0 held-out success after 1,000 SFT steps of this 2-layer model,
 # so RL would have had no signal. It is not part of the results (docs/reproduction.md says so).

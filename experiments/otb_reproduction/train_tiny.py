@@ -27,6 +27,7 @@ from warmstart import held_out, success
 from agentrl.credit import estimator_config
 from agentrl.groups import group_trajectories
 from agentrl.learner import Learner, LearnerConfig
+from agentrl.learner.stability import StabilityState, begin_step
 from agentrl.update import policy_update
 
 
@@ -54,6 +55,13 @@ class Setting:
     """Learner policy loss (one update per batch, so PPO's ratio would be 1 anyway)."""
     loss_agg: str = "token-mean"
     """Learner loss aggregation (agentrl's default)."""
+    lr_schedule: str = "constant"
+    """``constant`` or ``length-triggered`` (:mod:`agentrl.learner.schedule`); the lr_* options below are
+    the schedule's (LearnerConfig's defaults)."""
+    lr_window: int = 10
+    lr_trigger: float = 1.3
+    lr_decay: float = 0.5
+    lr_floor: float = 0.1
 
 
 def run_one(
@@ -77,8 +85,14 @@ def run_one(
             lr=setting.lr,
             max_grad_norm=setting.max_grad_norm,
             chunk_size=4096,
+            lr_schedule=setting.lr_schedule,  # type: ignore[arg-type]
+            lr_window=setting.lr_window,
+            lr_trigger=setting.lr_trigger,
+            lr_decay=setting.lr_decay,
+            lr_floor=setting.lr_floor,
         ),
     )
+    stab = StabilityState()
     # The trainer's typed estimator with its defaults (``grpo`` divides by the group std, as verl's
     # norm_adv_by_std_in_grpo).
     est = estimator_config(estimator)
@@ -102,6 +116,9 @@ def run_one(
         prompts = [sample_numbers(prompt_rng, setting.k, "train") for _ in range(setting.prompts_per_step)]
         trajs = group_rollout(model, vocab, prompts, group_size, generator=gen, step=len(steps))
         groups = list(group_trajectories(trajs, size=group_size))
+        # The trainer's own schedule and collapse check (a constant schedule leaves the optimizer alone).
+        st = begin_step(learner.config, learner.optimizer, stab, groups, step=len(steps))
+        stab = st.state
         upd = policy_update(learner, groups, estimator=est, pad_id=vocab.pad)
         n_tok = sum(t.num_model_tokens for t in trajs)
         tokens += n_tok
@@ -115,6 +132,7 @@ def run_one(
                 "entropy": m["learn/entropy"],
                 "adv_abs_mean": m["learn/adv_abs_mean"],
                 "proxy_noise": m.get("variance/proxy3_pure_noise", math.nan),
+                **{k.split("/", 1)[1]: v for k, v in st.metrics.items() if k != "learn/response_length"},
             }
         )
         while next_mark < len(marks) and tokens >= marks[next_mark]:

@@ -50,6 +50,7 @@ class LearnerActor:
         self.run_path: str | None = None
         self.adapted: Any = None
         """The LoRA adapters (``--lora.rank`` > 0): published and checkpointed alone."""
+        self.stability: Any = None  # the lr schedule's and collapse check's StabilityState (checkpointed)
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 listens for the process group (call on rank 0)."""
@@ -89,9 +90,11 @@ class LearnerActor:
     def load_checkpoint(self, run_path: str) -> int:
         """Load the run's newest checkpoint (weights and optimizer); return its step (0 when none)."""
         from agentrl.checkpoint import load_checkpoint
+        from agentrl.learner.stability import StabilityState, stability_at
 
         self.run_path = run_path
         ckpt = RunDir(Path(run_path)).latest_checkpoint()
+        self.stability = StabilityState() if ckpt is None else stability_at(RunDir(Path(run_path)), ckpt.step)
         if ckpt is None:
             return 0
         if self.world == 1:
@@ -106,9 +109,19 @@ class LearnerActor:
         ``learner_version`` (tokens sampled by older versions get the off-policy correction); its metrics.
         With one rank the learner's scores of the step go to the run, as the local runtime's do, so replay
         has them once the step's checkpoint is rotated away."""
+        from agentrl.learner.stability import StabilityState, StepInputs, begin_step
         from agentrl.scores import save_step_scores
         from agentrl.update import policy_update
 
+        inputs = StepInputs.of(groups)
+        if self.world > 1:  # every rank decides the rate on the whole step's episodes, so they agree
+            import torch.distributed as dist
+
+            parts: list[Any] = [None] * self.world
+            dist.all_gather_object(parts, inputs)
+            inputs = StepInputs.merge(parts)
+        state = self.stability or StabilityState()
+        stab = begin_step(self.cfg.learner, self.learner.optimizer, state, inputs, step=learner_version)
         update = policy_update(
             self.learner,
             groups,
@@ -122,7 +135,11 @@ class LearnerActor:
             save_step_scores(
                 RunDir(Path(self.run_path)), learner_version, groups, c.logprobs_B_T, c.sum_pi_squared_B_T
             )
-        return update.metrics
+        self.stability = stab.state
+        warning = stab.warning(learner_version)
+        if warning is not None and self.rank == 0:
+            print(warning, flush=True)
+        return {**update.metrics, **stab.metrics}
 
     def _full_state(self) -> dict[str, Any]:
         if self.world == 1:
@@ -149,8 +166,10 @@ class LearnerActor:
     def save_checkpoint(self, run_path: str, step: int, keep: int) -> None:
         """Write ``checkpoints/step-<step>`` (rank 0 writes; every rank joins the gathers)."""
         from agentrl.checkpoint import CheckpointState, save_checkpoint
+        from agentrl.learner.stability import StabilityState, stability_extra
 
-        state = CheckpointState(step, step, {"next_step": step})
+        stab = stability_extra(self.stability or StabilityState())
+        state = CheckpointState(step, step, {"next_step": step, **stab})
         if self.world == 1:
             save_checkpoint(
                 RunDir(Path(run_path)),

@@ -14,6 +14,7 @@ from agentrl.errors import ConfigError
 from agentrl.groups import group_trajectories
 from agentrl.learner import Learner
 from agentrl.learner.correction import Correction
+from agentrl.learner.stability import StepInputs, observe_step, stability_at
 from agentrl.replay import Run
 from agentrl.trainers.replay.weights import exact_weights, load_tokenizer_for, load_weights, train_config
 from agentrl.trainers.train_setup import TrainConfig, learner_config, precision, tokenizer_pad_id
@@ -40,7 +41,8 @@ reproduce even so: the report names the float16 copy."""
 HALF_ATOL = 1e-3
 """Absolute tolerance of a step reproduced from float16 weights (see :data:`HALF_RTOL`)."""
 OPTIMIZER_STEP_METRICS = ("learn/update_rel_norm", "learn/unchanged_frac")
-"""Metrics of the optimizer's own step: replay compares them at step 0 only (see :func:`reproduce_step`)."""
+"""Metrics of the optimizer's own step: they depend on AdamW's moments from the earlier steps, so replay
+compares them only where it has that state (step 0, or a checkpoint that kept ``optimizer.pt``)."""
 
 
 @dataclass(frozen=True)
@@ -247,7 +249,7 @@ def reproduce_step(
         if not _with_optimizer_state(run, step, learner):
             # The update's own measures depend on the optimizer's state (Adam's moments after `step` steps),
             # which only an uncompacted checkpoint keeps; a fresh optimizer would report another update.
-            unmeasured = {"learn/update_rel_norm", "learn/unchanged_frac"}
+            unmeasured = set(OPTIMIZER_STEP_METRICS)
         groups = list(group_trajectories(run.trajectories[i] for i in trained))
         # An asynchronous step: μ (the recorded log-probs), each turn's version (staleness) and the run's
         # correction give the same ρ̄; the checkpoint of the step is the learner's π_old.
@@ -261,11 +263,9 @@ def reproduce_step(
         )
         dev_s = str(learner.device)
         got.update(update.metrics)
-        if step > 0:
-            # The size of the optimizer's step depends on AdamW's moments from the earlier steps, which the
-            # replay's fresh optimizer does not have (older checkpoints keep none): not comparable.
-            for name in OPTIMIZER_STEP_METRICS:
-                got.pop(name, None)
+        # The lr schedule's and collapse check's decision, from the state the step's checkpoint stored.
+        stab = observe_step(cfg.learner, stability_at(run.run_dir, step), StepInputs.of(groups), step=step)
+        got.update(stab.metrics)
         advantages = _per_token(update.credit.advantages_B_T, [run.trajectories[i] for i in trained])
     checks = []
     for name, value in got.items():
