@@ -360,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     write()
     if a.md:
         Path(a.md).write_text(markdown(res))
-    print(f"learner/floor: {ratio:.2f}x, padding {v['agentrl']['padding'] * 100:.0f}%")
+    # The recorded (rounded) ratio, so the line and the JSON never disagree in the last digit.
+    print(f"learner/floor: {res['learner_over_floor']:.2f}x, padding {v['agentrl']['padding'] * 100:.0f}%")
     return 0
 
 

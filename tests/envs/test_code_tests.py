@@ -111,7 +111,13 @@ def {fn}(*args):
 """
     reward, outcomes = await _graded(env, 5, hack)
     assert reward == 0.0
-    assert {o.status for o in outcomes} == {"no_report"}, outcomes  # the forged report made two: refused
+    statuses = {o.status for o in outcomes}
+    if statuses == {"error"}:
+        # As root the sandbox runs under its own host uid, and the grader's driver is not the child's to
+        # write to: the forgery fails before it starts.
+        assert all("PermissionError" in (o.error or "") for o in outcomes), outcomes
+    else:
+        assert statuses == {"no_report"}, outcomes  # the forged report made two: refused
 
 
 async def test_hack_reading_the_hidden_tests():
