@@ -20,6 +20,11 @@ SECTIONS = [
         "generation engine vs static batches vs `model.generate` (the floor), vLLM CPU; reproducibility",
     ),
     (
+        "precision-cuda",
+        "`benchmarks/precision_cuda.py`",
+        "bf16 vs fp32 master weights: how much of two AdamW steps at lr 3e-6 survives (one H100)",
+    ),
+    (
         "generation-cuda",
         "`benchmarks/generation_cuda.py`",
         "the engine vs `model.generate` on one H100 in bf16, with and without cuDNN attention",
