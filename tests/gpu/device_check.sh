@@ -13,8 +13,10 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >>"$OUT
 for d in .device/debs/*.deb; do dpkg -x "$d" / ; done
 { nvidia-smi -L; python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"; } | tee "$OUT/machine.txt"
 declare -A status
+ONLY=${ONLY:-}  # e.g. ONLY="throughput lora": run only these parts (a short second call)
 part() {  # part NAME SECONDS CMD...: run with a limit, log to $OUT/NAME.log, remember pass/fail
   local name=$1 limit=$2; shift 2
+  if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
   local s=$(date +%s)
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1; local rc=$?
   status[$name]="rc=$rc $(( $(date +%s) - s ))s"
@@ -26,6 +28,7 @@ part precision 50 python3 benchmarks/precision_cuda.py --device cuda --json "$OU
 if [ -f benchmarks/learner_throughput.py ]; then
   part throughput 130 python3 benchmarks/learner_throughput.py --device cuda --quick --out "$OUT/throughput.json" --md "$OUT/learner.md"
 fi
+part lora 90 python3 benchmarks/lora_cuda.py --device cuda --json "$OUT/lora.json"
 echo; echo "| part | result |"; echo "|---|---|"
 for k in "${!status[@]}"; do echo "| $k | ${status[$k]} |"; done
 echo "total $(( $(date +%s) - t0 ))s"
