@@ -211,6 +211,45 @@ def report(work: Path) -> dict[str, Any]:
     return out
 
 
+def _k(x: float) -> str:
+    return f"{x / 1000:.0f}k"
+
+
+def markdown(rep: dict[str, Any]) -> str:
+    """The report as the table of docs/benchmarks/dynamic_sampling.md: mean [95 % interval] (per seed, in
+    seed order; ``>220k``: censored, the run never reached the target and counts at the budget)."""
+    head = (
+        "| estimator, N = 4 | dynamic sampling | curriculum | seeds | groups zero-variance | tasks revisited "
+        "| " + " | ".join(f"tokens to {t}" for t in TARGETS) + " | final success |"
+    )
+    lines = [head, "|" + "---|" * (7 + len(TARGETS))]
+    for name, row in rep.items():
+        est, _, ds, cur = name.split("-", 3)
+        cells = [
+            est,
+            ds.removeprefix("ds"),
+            cur.removeprefix("cur"),
+            ",".join(map(str, row["seeds"])),
+            f"{100 * row['zero_variance_frac_of_drawn']:.0f} %",
+            f"{100 * row['revisit_frac_of_drawn']:.0f} %" if "revisit_frac_of_drawn" in row else "-",
+        ]
+        for t in TARGETS:
+            h = row[f"tokens_to_{t}"]
+            m, lo, hi = h["mean_ci"]
+            per = ", ".join(
+                f">{_k(v)}" if c else _k(v)
+                for v, c in zip(h["per_seed"], h["censored_per_seed"], strict=True)
+            )
+            cens = f", {h['censored']} censored" if h["censored"] else ""
+            cells.append(f"{_k(m)} [{_k(lo)}, {_k(hi)}] ({per}{cens})")
+        m, lo, hi = row["final_success"]
+        cells.append(
+            f"{m:.2f} [{lo:.2f}, {hi:.2f}] ({', '.join(f'{x:.2f}' for x in row['final_success_per_seed'])})"
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def write_report(work: Path) -> dict[str, Any]:
     """:func:`report`, written to ``results/dynamic_sampling.json``."""
     rep = report(work)
@@ -237,7 +276,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.report:
-        print(json.dumps(write_report(args.work), indent=1))
+        print(markdown(write_report(args.work)))
         return
     w = S.WARM[4]
     warm = load_or_train(args.warm, w.steps, ks=(w.k,), slip=w.slip).state_dict()

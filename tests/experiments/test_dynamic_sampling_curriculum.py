@@ -8,6 +8,7 @@ curriculum keep their names and their prompt stream.
 """
 
 import argparse
+import json
 
 import dynamic_sampling as dsx
 import numpy as np
@@ -79,3 +80,35 @@ def test_runs_without_the_curriculum_keep_their_names_and_record_no_tasks(tiny_t
     assert dsx.run_name("otb", 4, 0, True, "difficulty") == "otb-N4-s0-dson-curdifficulty"
     with pytest.raises(ValueError, match="curriculum"):
         dsx.run_one("otb", 4, 0, False, _args(budget=600), warm, "easy")
+
+
+def test_report_table_gives_per_seed_values_and_marks_censored_runs(tmp_path):
+    def rec(seed, finals):
+        curve = [{"tokens": 20_000 * i, "step": i, "success": s} for i, s in enumerate(finals)]
+        steps = [{"tokens": 1, "drawn": 10, "zero_variance": 2, "trained": 8, "revisits": 1}]
+        return {
+            "estimator": "otb",
+            "group_size": 4,
+            "seed": seed,
+            "dynamic_sampling": True,
+            "curriculum": "difficulty",
+            "budget": 40_000,
+            "curve": curve,
+            "steps": steps,
+            "wall_s": 1.0,
+        }
+
+    # Seed 0 reaches 0.5 at 10k tokens (interpolated) and 0.6 at 20k, never 0.7; seed 1 never reaches 0.5.
+    (tmp_path / "a.json").write_text(json.dumps(rec(0, [0.4, 0.6, 0.65])))
+    (tmp_path / "b.json").write_text(json.dumps(rec(1, [0.1, 0.2, 0.3])))
+    rep = dsx.report(tmp_path)
+    row = rep["otb-N4-dson-curdifficulty"]
+    assert row["tokens_to_0.5"]["per_seed"] == [10_000, 40_000]
+    assert row["tokens_to_0.5"]["censored_per_seed"] == [False, True]
+    assert row["zero_variance_frac_of_drawn"] == 0.2 and row["revisit_frac_of_drawn"] == 0.1
+    table = dsx.markdown(rep).splitlines()
+    assert len(table) == 3
+    assert table[2].startswith(
+        "| otb | on | difficulty | 0,1 | 20 % | 10 % | 25k [10k, 40k] (10k, >40k, 1 censored) |"
+    )
+    assert table[2].endswith("| 0.47 [0.30, 0.65] (0.65, 0.30) |")

@@ -79,4 +79,6 @@ def test_cli_curriculum_with_staleness_1_trains_two_steps_and_resumes_with_its_s
     ref.load_state(state)
     after = _seeds_by_step(out)
     assert sorted(after[2]) == sorted(ref.tasks(2, range(4)))
+    # Not vacuous: step 2 draws a task of step 0 again (from the restored state), none of step 1's (lag 1).
+    assert set(after[2]) & {0, 1, 2, 3} and not set(after[2]) & {4, 5, 6, 7}
     assert {k: sorted(v) for k, v in after.items() if k < 2} == {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}
