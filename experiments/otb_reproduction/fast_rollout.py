@@ -205,8 +205,14 @@ def group_rollout(
     *,
     generator: torch.Generator,
     step: int = 0,
+    task_seeds: Sequence[int] | None = None,
 ) -> list[Trajectory]:
-    """``group_size`` episodes per prompt; members of a prompt share a ``group_id`` (and ``task_id``)."""
+    """``group_size`` episodes per prompt; members of a prompt share a ``group_id`` (and ``task_id``).
+
+    ``task_seeds``: the task seed each prompt was made from, recorded as ``meta.seed`` (what the trainer's
+    :class:`~agentrl.trainers.task_sampler.TaskSampler` reads back when it observes the groups)."""
+    if task_seeds is not None and len(task_seeds) != len(prompts):
+        raise ValueError(f"{len(task_seeds)} task seeds for {len(prompts)} prompts")
     flat = [p for p in prompts for _ in range(group_size)]
     trajs, _ = sample_episodes(model, vocab, flat, generator=generator)
     out = []
@@ -215,6 +221,7 @@ def group_rollout(
         g = j // group_size
         meta = TrajectoryMeta(
             env_id="chain-sum",
+            seed=None if task_seeds is None else int(task_seeds[g]),
             task_id=prompt_text(prompts[g]),
             group_id=gids[g],
             step=step,
