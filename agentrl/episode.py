@@ -43,7 +43,14 @@ from typing import Any, Literal
 
 from agentrl.chat import ChatRenderer
 from agentrl.env import Env, as_step_result
-from agentrl.errors import ConfigError, EnvContractError, PolicyError, SandboxError, TemplateError
+from agentrl.errors import (
+    ConfigError,
+    EnvContractError,
+    PolicyError,
+    SandboxError,
+    TemplateError,
+    removed_arguments,
+)
 from agentrl.masking import Piece, build_columns
 from agentrl.protocols import FinishReason, Generation, Policy, Sampling
 from agentrl.types import Action, EpisodeFailure, Message, StopReason, ToolRecord, Trajectory, TrajectoryMeta
@@ -51,6 +58,12 @@ from agentrl.types import Action, EpisodeFailure, Message, StopReason, ToolRecor
 __all__ = ["RolloutConfig", "run_episode"]
 
 
+@removed_arguments(
+    {
+        "sampling": "its fields are RolloutConfig's own now: pass temperature=, top_p=, max_new_tokens=, "
+        "seed= to RolloutConfig (--rollout.temperature, ...)"
+    }
+)
 @dataclass(frozen=True, slots=True)
 class RolloutConfig:
     """How episodes are run: the one owner of the rollout's limits and sampling. Validated on construction.

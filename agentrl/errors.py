@@ -5,6 +5,10 @@ meaning, the class also derives from it, so existing ``except ValueError`` claus
 
     AgentRLError
     ├── ConfigError (ValueError)            bad argument, config value or combination (raised up front)
+    │   └── MigrationError (TypeError)      an argument an earlier release took and this one removed; the
+    │                                       message says what replaces it (CHANGELOG.md)
+    ├── MovedError (ImportError)            a name imported from the module an earlier release kept it in;
+    │                                       the message names its new home
     ├── FormatError (ValueError)            data in a wire format is malformed (an OpenAI message or tool-call
     │                                       dict, a record of a trajectory read back)
     ├── EnvNotFoundError (KeyError)         agentrl.make() with an id nobody registered
@@ -31,6 +35,10 @@ the caller.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
 __all__ = [
     "AgentRLError",
     "AuditError",
@@ -41,6 +49,8 @@ __all__ = [
     "EpisodeError",
     "FormatError",
     "InfraError",
+    "MigrationError",
+    "MovedError",
     "PolicyError",
     "SandboxError",
     "SandboxSelfTestError",
@@ -48,7 +58,10 @@ __all__ = [
     "StoreError",
     "TemplateError",
     "ToolCallError",
+    "removed_arguments",
 ]
+
+_C = TypeVar("_C", bound=type)
 
 
 class AgentRLError(Exception):
@@ -57,6 +70,40 @@ class AgentRLError(Exception):
 
 class ConfigError(AgentRLError, ValueError):
     """A bad argument, configuration value or combination of settings."""
+
+
+class MigrationError(ConfigError, TypeError):
+    """Code written for an earlier release passed an argument this one removed; the message says what
+    replaces it. A ``TypeError`` too, as Python's own error for an unknown keyword was."""
+
+
+class MovedError(AgentRLError, ImportError):
+    """A name was imported from the module an earlier release kept it in; the message names its new home.
+    An ``ImportError``, so ``try: from old import x / except ImportError: from new import x`` works."""
+
+
+def removed_arguments(removed: Mapping[str, str]) -> Callable[[_C], _C]:
+    """Class decorator (above ``@dataclass`` where there is one): calling the class with a keyword in
+    ``removed`` raises :class:`MigrationError` with the migration text ``removed[name]``, instead of Python's
+    bare ``TypeError: unexpected keyword argument``. The signature seen by ``inspect`` (and tyro) is kept."""
+
+    def decorate(cls: _C) -> _C:
+        init: Callable[..., None] = cls.__init__  # type: ignore[misc]  # the class's own, not an instance's
+
+        @functools.wraps(init)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            gone = sorted(kwargs.keys() & removed.keys())
+            if gone:
+                raise MigrationError(
+                    f"{type(self).__name__}: the {gone[0]}= argument was removed; {removed[gone[0]]} "
+                    "(CHANGELOG.md lists every change that breaks earlier code, with its migration)"
+                )
+            init(self, *args, **kwargs)
+
+        cls.__init__ = __init__  # type: ignore[misc]  # the wrapper replaces the generated __init__
+        return cls
+
+    return decorate
 
 
 class FormatError(AgentRLError, ValueError):

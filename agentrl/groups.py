@@ -9,7 +9,8 @@ every other stage passes :class:`TrajectoryGroup` objects along.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from agentrl.errors import ConfigError, SchemaError
 from agentrl.types import Trajectory
@@ -83,6 +84,22 @@ class TrajectoryGroup:
 
     def __getitem__(self, index: int) -> Trajectory:
         return self.trajectories[index]
+
+    if not TYPE_CHECKING:  # at run time only, so type checkers still flag every unknown attribute
+
+        def __getattr__(self, name: str) -> None:
+            # Code written when collect() returned a flat list of trajectories reads a Trajectory's
+            # attributes off what are now groups: say so, instead of a bare AttributeError.
+            hint = ""
+            if not name.startswith("_") and (
+                hasattr(Trajectory, name) or name in {f.name for f in fields(Trajectory)}
+            ):
+                hint = (
+                    f" ({name} is a Trajectory's: collect() and run_groups() return TrajectoryGroups since "
+                    "2026-11-26; iterate a group for its trajectories, [t for g in groups for t in g])"
+                )
+            message = f"'TrajectoryGroup' object has no attribute {name!r}{hint}"
+            raise AttributeError(message, name=name, obj=self)
 
 
 def group_trajectories(

@@ -160,6 +160,13 @@ def spec(id: str) -> EnvSpec:
     found = _REGISTRY.get(id) if isinstance(id, str) else None
     if found is not None:
         return found
+    if isinstance(id, str) and id.startswith("agentrl/") and id.removeprefix("agentrl/") in _REGISTRY:
+        bare = id.removeprefix("agentrl/")
+        raise EnvNotFoundError(
+            f"{id!r} is the Gymnasium name: agentrl.make takes {bare!r}. gymnasium.make({id!r}) needs "
+            "agentrl.register_gymnasium() called once first (since 2026-11-26, import agentrl no longer "
+            "writes Gymnasium's registry)"
+        )
     if not isinstance(id, str) or ":" not in id:
         close = [k for k in _REGISTRY if k.split("-v")[0] == str(id).split("-v")[0]]
         hint = f" Did you mean {close}?" if close else f" Registered: {sorted(_REGISTRY)}."

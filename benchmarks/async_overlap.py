@@ -169,7 +169,9 @@ def run_one_ray(S: int, args: argparse.Namespace, out: Path) -> dict[str, float]
     from agentrl.rollout import RolloutConfig
     from agentrl.trainers.distributed import RayOptions, ray_runtime
     from agentrl.trainers.distributed.learner import LearnerActor
-    from agentrl.trainers.distributed.scripted import ScriptedTIRFactory
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests/
+    from tests.distributed.scripted import ScriptedTIRFactory  # a test fake, not shipped
 
     sleep_s = args.learn_sleep_s
 

@@ -22,7 +22,6 @@ from ``--baseline-ref``, to separate the generation path's share); ``notrim`` (t
 from __future__ import annotations
 
 import argparse
-import ctypes
 import functools
 import json
 import os
@@ -46,32 +45,11 @@ VARIANT_ENV = {
 }
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
 def _mallinfo() -> dict[str, float]:
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallinfo2.restype = _MallInfo2
-        mi = libc.mallinfo2()
-    except (OSError, AttributeError):
-        return {}
-    return {"heap_used": mi.uordblks / GIB, "heap_free": mi.fordblks / GIB, "mmapped": mi.hblkhd / GIB}
+    from agentrl.heap import heap_info
+
+    info = heap_info()
+    return {} if info is None else {k: v / GIB for k, v in info.items()}
 
 
 def _rss() -> float:

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import os
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,8 +29,10 @@ from agentrl.rollout import RolloutConfig
 from agentrl.run import RunDir
 from agentrl.trainers import pg
 from agentrl.trainers.distributed import RayOptions, ray_runtime
-from agentrl.trainers.distributed.scripted import ScriptedTIRFactory
 from agentrl.types import TrajectoryMeta
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests/
+from tests.distributed.scripted import ScriptedTIRFactory
 
 
 async def measure(workers: int, args: argparse.Namespace, root: Path) -> dict[str, float]:

@@ -54,7 +54,7 @@ from agentrl import (
     ToolRecord,
     ToolStatus,
 )
-from agentrl.errors import ConfigError, EnvContractError, SandboxError
+from agentrl.errors import ConfigError, EnvContractError, SandboxError, removed_arguments
 from agentrl.tools import ParsedTurn, ToolCallParser, ToolExecutor, get_parser, parse_number
 from agentrl.tools import mcp as _mcp
 
@@ -78,6 +78,9 @@ class Task:
     """Returned as ``reset``'s info (task id, difficulty, ...)."""
 
 
+@removed_arguments(
+    {"max_turns": "the turn limit is the rollout's now: --rollout.max-turns N (RolloutConfig(max_turns=N))"}
+)
 class ToolEnv(Env):
     """An :class:`~agentrl.Env` whose model calls tools. Subclasses implement :meth:`make_task`.
 

@@ -1,9 +1,11 @@
-"""What the sandbox backends share: the checks at the top of ``run``, and for the backends that keep one live
-session (local, Docker) its lifecycle and the bookkeeping around each call."""
+"""What the sandbox backends share: their one ``run`` (:class:`SerialBackend`: the request's checks, then the
+call under the backend's lock), and for the backends that keep one live session (local, Docker) its
+lifecycle and the bookkeeping around each call (:class:`SessionBackend`)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Coroutine
@@ -16,7 +18,9 @@ from agentrl.types import ToolStatus
 from ._output import Capture
 from ._protocol import Outcome, to_result
 
-__all__ = ["SessionBackend", "check_request", "spawn_background"]
+__all__ = ["SerialBackend", "SessionBackend", "check_request", "spawn_background"]
+
+log = logging.getLogger(__name__)
 
 _BACKGROUND: set[asyncio.Task[Any]] = set()
 
@@ -64,6 +68,46 @@ def check_request(
     return clamped
 
 
+class SerialBackend:
+    """The ``run`` of every backend, one call at a time: :func:`check_request` answers a bad request at once,
+    then :meth:`_run_locked` makes the call under a lock made on first use (so a sandbox can be built
+    outside an event loop).
+
+    Subclasses set ``_limits``, ``_max_code_bytes``, ``_closed`` and ``_lock`` (None) and implement
+    :meth:`_run_locked`.
+    """
+
+    _limits: Limits
+    _max_code_bytes: int
+    _closed: bool
+    _lock: asyncio.Lock | None
+
+    def _get_lock(self) -> asyncio.Lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    async def run(self, code: str, *, timeout: float | None = None) -> ExecResult:
+        """Run ``code`` in the session; see :class:`agentrl.protocols.Sandbox`."""
+        t0 = time.perf_counter()
+        limits = check_request(
+            code,
+            timeout,
+            limits=self._limits,
+            closed=self._closed,
+            max_code_bytes=self._max_code_bytes,
+            started=t0,
+        )
+        if isinstance(limits, ExecResult):
+            return limits
+        async with self._get_lock():
+            return await self._run_locked(code, limits, t0)
+
+    async def _run_locked(self, code: str, limits: Limits, t0: float) -> ExecResult:
+        """With the lock held: run ``code`` under ``limits`` (``t0``: when the call began)."""
+        raise NotImplementedError
+
+
 class _Killable(Protocol):
     async def kill(self) -> None: ...
 
@@ -76,19 +120,20 @@ class _CallOutput(Protocol):
 S = TypeVar("S", bound=_Killable)
 
 
-class SessionBackend(Generic[S]):
-    """``start``/``reset``/``close`` and ``async with`` for a backend that keeps one live session ``S`` (a
-    worker process, a container) and serialises its calls with a lock made on first use; plus the steps
-    every call takes under that lock (:meth:`_begin_call`, :meth:`_end_call`).
+class SessionBackend(SerialBackend, Generic[S]):
+    """``start``/``reset``/``close``, ``async with`` and ``run`` for a backend that keeps one live session
+    ``S`` (a worker process, a container) and serialises its calls with a lock.
 
-    Subclasses set ``_hard_cap``, call ``super().__init__()`` and implement :meth:`_ensure`.
+    Subclasses set ``_hard_cap`` (and :class:`SerialBackend`'s attributes but the lock), call
+    ``super().__init__()`` and implement :meth:`_ensure` (start the session), :meth:`_call` (one call in
+    it) and :meth:`_abandon` (what a cancelled call does to it).
     """
 
     _hard_cap: int
 
     def __init__(self) -> None:
         self._session: S | None = None
-        self._lock: asyncio.Lock | None = None
+        self._lock = None
         self._closed = False
         self._calls = 0
         # The session died between calls: the next call says that earlier state was lost.
@@ -98,27 +143,39 @@ class SessionBackend(Generic[S]):
         """The live session, started (or restarted after a death) when there is none."""
         raise NotImplementedError
 
-    def _get_lock(self) -> asyncio.Lock:
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        return self._lock
+    async def _call(self, session: S, code: str, limits: Limits) -> tuple[Outcome, _CallOutput]:
+        """Run ``code`` in ``session`` as call number ``self._calls``: how it ended, and its output."""
+        raise NotImplementedError
 
-    async def _begin_call(self, t0: float) -> tuple[S, bool] | ExecResult:
-        """With the lock held: the live session and whether earlier state was lost, or the
-        ``sandbox_error`` result when no session starts."""
+    def _abandon(self, session: S) -> None:
+        """The call in ``session`` was cancelled: kill it without waiting (the session is already retired);
+        any slow clean-up goes to :func:`spawn_background`."""
+        raise NotImplementedError
+
+    async def _run_locked(self, code: str, limits: Limits, t0: float) -> ExecResult:
         try:
             session = await self._ensure()
         except SandboxError as e:
             return ExecResult(ToolStatus.SANDBOX_ERROR, message=str(e), duration_s=time.perf_counter() - t0)
         lost_before, self._died_idle = self._died_idle, False
         self._calls += 1
-        return session, lost_before
-
-    async def _end_call(
-        self, session: S, outcome: Outcome, call: _CallOutput, *, limits: Limits, t0: float, lost_before: bool
-    ) -> ExecResult:
-        """With the lock held: retire the session when the call ended it, and make the call's result."""
-        if outcome.kind != "frame" or outcome.status == "exit":
+        try:
+            outcome, call = await self._call(session, code, limits)
+        except asyncio.CancelledError:
+            self._session = None
+            self._abandon(session)
+            raise
+        except Exception as e:  # the machinery, never the code: the session cannot be trusted any more
+            log.exception("sandbox call failed")
+            await session.kill()
+            self._session = None
+            return ExecResult(
+                ToolStatus.SANDBOX_ERROR,
+                message=f"Sandbox failure (not the code's fault): {e!r}",
+                duration_s=time.perf_counter() - t0,
+                state_lost=True,
+            )
+        if outcome.kind != "frame" or outcome.status == "exit":  # the call ended the session
             await session.kill()
             self._session = None
         return to_result(

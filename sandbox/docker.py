@@ -21,26 +21,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import logging
 import os
 import secrets
 import socket
 import tarfile
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from agentrl.errors import ConfigError, SandboxError
-from agentrl.execution import ExecResult, Limits
+from agentrl.execution import Limits
 
-from ._common import SessionBackend, check_request, spawn_background
+from ._common import SessionBackend, spawn_background
 from ._layout import SANDBOX_UID, python_layout, sandbox_env
 from ._output import Capture, decode
 from ._protocol import BOOTSTRAP, MARKER, Outcome, frame, parse_line, worker_code
 
 __all__ = ["DEFAULT_IMAGE", "DockerSandbox", "ensure_rootfs_image"]
 
-log = logging.getLogger(__name__)
 MiB = 1024 * 1024
 DEFAULT_IMAGE = "agentrl-sandbox-rootfs:1"
 _LABEL = "agentrl.sandbox"
@@ -436,27 +433,13 @@ class DockerSandbox(SessionBackend[_Container]):
         self._session = c
         return c
 
-    async def run(self, code: str, *, timeout: float | None = None) -> ExecResult:
-        """Run ``code`` in the session; see :class:`agentrl.protocols.Sandbox`."""
-        t0 = time.perf_counter()
-        limits = check_request(
-            code, timeout, limits=self._limits, closed=self._closed, max_code_bytes=self._max_code_bytes
-        )
-        if isinstance(limits, ExecResult):
-            return limits
-        async with self._get_lock():
-            begun = await self._begin_call(t0)
-            if isinstance(begun, ExecResult):
-                return begun
-            c, lost_before = begun
-            try:
-                outcome, call = await c.run(code, limits.wall_s, self._calls, limits.output_bytes)
-            except asyncio.CancelledError:
-                c.killed_by_us = True
-                self._session = None
-                spawn_background(c.kill())
-                raise
-            return await self._end_call(c, outcome, call, limits=limits, t0=t0, lost_before=lost_before)
+    # -- one call (run: SessionBackend) ------------------------------------------------------------
+    async def _call(self, session: _Container, code: str, limits: Limits) -> tuple[Outcome, _DCall]:
+        return await session.run(code, limits.wall_s, self._calls, limits.output_bytes)
+
+    def _abandon(self, session: _Container) -> None:
+        session.killed_by_us = True  # the exit that follows is ours, not an outside kill
+        spawn_background(session.kill())
 
 
 def remove_orphans(client: Any) -> int:

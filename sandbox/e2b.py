@@ -24,7 +24,7 @@ from agentrl.errors import ConfigError, SandboxError
 from agentrl.execution import ExecResult, Limits
 from agentrl.types import ToolStatus
 
-from ._common import check_request
+from ._common import SerialBackend
 from ._output import Capture
 
 __all__ = ["E2BSandbox"]
@@ -45,7 +45,7 @@ class _OutputOverflow(Exception):
     pass
 
 
-class E2BSandbox:
+class E2BSandbox(SerialBackend):
     """A stateful Python session in an e2b sandbox.
 
     Args:
@@ -149,27 +149,15 @@ class E2BSandbox:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    # -- running -----------------------------------------------------------------------------------
-    async def run(self, code: str, *, timeout: float | None = None) -> ExecResult:
-        """Run ``code`` in the session; see :class:`agentrl.protocols.Sandbox`."""
-        t0 = time.perf_counter()
-        limits = check_request(
-            code, timeout, limits=self._limits, closed=self._closed, max_code_bytes=self._max_code_bytes
-        )
-        if isinstance(limits, ExecResult):
-            return limits
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            try:
-                await self.start()
-            except SandboxError as e:
-                return ExecResult(
-                    ToolStatus.SANDBOX_ERROR, message=str(e), duration_s=time.perf_counter() - t0
-                )
-            return await self._run_locked(code, limits, t0)
-
+    # -- running (run: SerialBackend) ---------------------------------------------------------------
     async def _run_locked(self, code: str, limits: Limits, t0: float) -> ExecResult:
+        try:
+            await self.start()
+        except SandboxError as e:
+            return ExecResult(ToolStatus.SANDBOX_ERROR, message=str(e), duration_s=time.perf_counter() - t0)
+        return await self._execute(code, limits, t0)
+
+    async def _execute(self, code: str, limits: Limits, t0: float) -> ExecResult:
         from e2b import TimeoutException
 
         out, err = Capture(limits.output_bytes), Capture(limits.output_bytes)

@@ -18,30 +18,25 @@ This module decides what runs (the bubblewrap command line, the worker's configu
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import logging
 import os
 import shutil
-import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from agentrl.errors import ConfigError, SandboxError
-from agentrl.execution import ExecResult, Limits
-from agentrl.types import ToolStatus
+from agentrl.execution import Limits
 
 from . import _cgroup, _seccomp, _uids
-from ._common import SessionBackend, check_request, spawn_background
+from ._common import SessionBackend, spawn_background
 from ._layout import SANDBOX_UID, python_layout, sandbox_env
-from ._protocol import BOOTSTRAP, worker_code
-from ._worker_client import LaunchFds, WorkerClient, WorkerLaunch
+from ._protocol import BOOTSTRAP, Outcome, worker_code
+from ._worker_client import Call, LaunchFds, WorkerClient, WorkerLaunch
 from .selftest import SelfTestReport, SelfTestTarget, ensure_self_test, run_self_test
 
 __all__ = ["BWRAP_ENV", "LIMIT_NAMES", "LocalSandbox", "find_bwrap", "self_test"]
 
-log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 LIMIT_NAMES = frozenset({"wall", "memory", "processes", "file_size", "network", "env", "seccomp"})
@@ -323,43 +318,14 @@ class LocalSandbox(SessionBackend[WorkerClient]):
         self._session = w
         return w
 
-    async def run(self, code: str, *, timeout: float | None = None) -> ExecResult:
-        """Run ``code`` in the session; see :class:`agentrl.protocols.Sandbox`."""
-        t0 = time.perf_counter()
-        limits = check_request(
-            code,
-            timeout,
-            limits=self._limits,
-            closed=self._closed,
-            max_code_bytes=self._max_code_bytes,
-            started=t0,
-        )
-        if isinstance(limits, ExecResult):
-            return limits
-        async with self._get_lock():
-            begun = await self._begin_call(t0)
-            if isinstance(begun, ExecResult):
-                return begun
-            worker, lost_before = begun
-            try:
-                wall = 86400.0 if "wall" in self._disabled else limits.wall_s
-                outcome, call = await worker.run(code, wall, self._calls, limits.output_bytes)
-            except asyncio.CancelledError:
-                worker.signal_kill()
-                self._session = None
-                spawn_background(worker.cleanup())
-                raise
-            except Exception as e:  # the machinery, never the code
-                log.exception("sandbox call failed")
-                await worker.kill()
-                self._session = None
-                return ExecResult(
-                    ToolStatus.SANDBOX_ERROR,
-                    message=f"Sandbox failure (not the code's fault): {e!r}",
-                    duration_s=time.perf_counter() - t0,
-                    state_lost=True,
-                )
-            return await self._end_call(worker, outcome, call, limits=limits, t0=t0, lost_before=lost_before)
+    # -- one call (run: SessionBackend) ------------------------------------------------------------
+    async def _call(self, session: WorkerClient, code: str, limits: Limits) -> tuple[Outcome, Call]:
+        wall = 86400.0 if "wall" in self._disabled else limits.wall_s
+        return await session.run(code, wall, self._calls, limits.output_bytes)
+
+    def _abandon(self, session: WorkerClient) -> None:
+        session.signal_kill()
+        spawn_background(session.cleanup())
 
     def __del__(self) -> None:
         w = getattr(self, "_session", None)

@@ -48,3 +48,13 @@ def renderer(tok):
     from agentrl.chat import ChatRenderer
 
     return ChatRenderer(tok)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test on the Ray cluster fixture (tests/distributed/conftest.py) starts Ray: mark it ``ray``, so
+    the fast tier (``-m "not slow and not ray and not gpu and not vllm"``, README "Testing") leaves it out
+    whoever writes the next one. A test that starts Ray another way carries ``@pytest.mark.ray`` itself."""
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)

@@ -77,3 +77,24 @@ def test_the_pieces_match_the_tree():
     folders = {f for f in folders if any((root / f).rglob("*.py")) or f == "docs"} - {"build", "runs"}
     folders -= {f for f in folders if f.endswith(".egg-info")}
     assert listed_top == folders, f"README pieces vs top-level folders: {sorted(listed_top ^ folders)}"
+
+
+def test_the_pieces_name_every_docs_page():
+    root = Path(__file__).resolve().parents[1]
+    layout = re.search(r"```\n(.*?)```", README.split("## The pieces\n", 1)[1], flags=re.S).group(1)
+    docs_entry = layout.split("\ndocs/", 1)[1].split("\ntests/", 1)[0]
+    listed = set(re.findall(r"([\w-]+\.md)", docs_entry))
+    on_disk = {p.name for p in (root / "docs").glob("*.md")}
+    assert listed == on_disk, f"README pieces vs docs/*.md: {sorted(listed ^ on_disk)}"
+
+
+def test_the_fast_tier_is_the_documented_one():
+    """.ci/fast runs the marker expression the README gives, and every marker in it is registered."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    expr = re.search(r'-m "([^"]+)"', (root / ".ci" / "fast").read_text()).group(1)
+    assert f'-m "{expr}"' in README.split("## Testing\n", 1)[1]
+    ini = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    registered = {m.split(":", 1)[0] for m in ini["markers"]}
+    assert set(re.findall(r"not (\w+)", expr)) == {"slow", "ray", "gpu", "vllm"} <= registered

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import ctypes
 import sys
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, cast
@@ -13,7 +12,7 @@ from typing import Any, cast
 from agentrl.chat import ChatRenderer
 from agentrl.checkpoint import CheckpointState, load_checkpoint, save_checkpoint
 from agentrl.groups import TrajectoryGroup
-from agentrl.heap import trim_heap
+from agentrl.heap import return_freed_memory, trim_heap  # the first re-exported, for pg.py
 from agentrl.learner import Learner
 from agentrl.learner.stability import StabilityState, begin_step, stability_at, stability_extra
 from agentrl.lora import Adapted, apply_lora
@@ -229,18 +228,3 @@ async def local_runtime(
             start_step=start,
             adapted=adapted,
         )
-
-
-def return_freed_memory() -> None:
-    """Let freed tensors go back to the OS.
-
-    glibc raises its mmap threshold each time a large block is freed, after which tensors of up to 32 MiB
-    come from the heaps of several threads' arenas, where freed space stays resident (fragmentation: RSS
-    grows by GiBs over a run though the live tensors do not). A fixed 1 MiB threshold gives every larger
-    tensor its own mapping, returned to the OS when freed. No-op on other C libraries."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD (fixing it also stops the dynamic adjustment)
-        libc.mallopt(-8, 2)  # M_ARENA_MAX: the event loop, the engine's thread and torch's workers
-    except (OSError, AttributeError):
-        pass

@@ -24,6 +24,9 @@ Modules: :mod:`~agentrl.replay.decode` (token ids to text, model turns: the laye
 :mod:`~agentrl.replay.reports` (the recompute reports the renderers show).
 """
 
+from typing import TYPE_CHECKING
+
+from agentrl.errors import MovedError
 from agentrl.replay.consistency import CheckReport, Finding, check
 from agentrl.replay.decode import TokenText, actions_of, model_segments, token_text, turn_layout
 from agentrl.replay.html import write_html
@@ -51,3 +54,40 @@ __all__ = [
     "turn_layout",
     "write_html",
 ]
+
+# Names the single-module agentrl.replay of releases before 2026-11-26 had, which run things again and moved
+# up a layer. The core cannot import them back (trainers sit above it), so asking for one here names its
+# new home instead of failing with a bare AttributeError/ImportError.
+_MOVED_TO_TRAINERS = frozenset(
+    {
+        "CallReplay",
+        "MetricCheck",
+        "ReexecReport",
+        "RescoreReport",
+        "StepReplay",
+        "StepReport",
+        "areexec",
+        "areexec_many",
+        "arescore",
+        "load_tokenizer_for",
+        "load_weights",
+        "recompute",
+        "recompute_run",
+        "reexec",
+        "reproduce_step",
+        "rescore",
+        "step_advantages",
+        "step_batch",
+    }
+)
+
+if not TYPE_CHECKING:  # at run time only, so type checkers still flag every unknown name
+
+    def __getattr__(name: str) -> None:
+        if name in _MOVED_TO_TRAINERS:
+            raise MovedError(
+                f"agentrl.replay.{name} moved to agentrl.trainers.replay (replay that runs envs, models or "
+                f"the learner lives with the trainers): from agentrl.trainers.replay import {name}",
+                name=name,
+            )
+        raise AttributeError(f"module 'agentrl.replay' has no attribute {name!r}", name=name)

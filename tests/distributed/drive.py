@@ -13,11 +13,12 @@ import sys
 
 
 def main(argv: list[str]) -> int:
+    from scripted import ScriptedTIRFactory  # drive.py runs as a script: its folder is on sys.path
+
     from agentrl.learner import LearnerConfig
     from agentrl.rollout import RolloutConfig
     from agentrl.trainers import pg
     from agentrl.trainers.distributed import RayOptions, ray_runtime
-    from agentrl.trainers.distributed.scripted import ScriptedTIRFactory
 
     address, out, steps = argv[0], argv[1], int(argv[2])
     resume = "--resume" in argv

@@ -26,9 +26,9 @@ from agentrl.replay import load as load_run
 from agentrl.run import RunDir
 from agentrl.trainers import pg
 from agentrl.trainers.distributed import GroupLedger, GroupState, RayOptions, ray_runtime
-from agentrl.trainers.distributed.scripted import ScriptedTIRFactory
 from agentrl.trainers.replay.reproduce import reproduce_step
 
+from .scripted import ScriptedTIRFactory
 from .test_ray_runtime import config
 
 ray = pytest.importorskip("ray", reason="the Ray runtime's tests need the ray extra (bash .ci/setup --dev)")

@@ -10,8 +10,8 @@ from agentrl.dynamic_sampling import DynamicSampling, GroupVerdict, group_verdic
 from agentrl.groups import group_trajectories
 from agentrl.metrics import read_metrics
 from agentrl.trainers.distributed import GroupState, RayOptions
-from agentrl.trainers.distributed.scripted import ScriptedTIRFactory
 
+from .scripted import ScriptedTIRFactory
 from .test_async_ray import async_config, ledger_of, train
 
 ray = pytest.importorskip("ray", reason="the Ray runtime's tests need the ray extra (bash .ci/setup --dev)")

@@ -58,7 +58,8 @@ async def test_two_learners_shard_an_adapted_model_checkpoint_the_adapter_and_re
     import dataclasses
 
     from agentrl.trainers.distributed import RayOptions
-    from agentrl.trainers.distributed.scripted import ScriptedTIRFactory
+
+    from .scripted import ScriptedTIRFactory
 
     cfg, run = new_run(
         config(tmp_path, learners=2, lora=LoraConfig(rank=4, alpha=8.0), learner=LearnerConfig(lr=1e-2))

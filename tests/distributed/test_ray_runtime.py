@@ -25,12 +25,12 @@ from agentrl.rollout import RolloutConfig
 from agentrl.run import RunDir
 from agentrl.trainers import pg, train_setup
 from agentrl.trainers.distributed import GroupLedger, GroupState, RayOptions, ray_runtime
-from agentrl.trainers.distributed.scripted import ScriptedTIRFactory, ScriptedTIRPolicy
 from agentrl.types import StopReason, TrajectoryMeta
 from agentrl.update import score_and_credit
 from agentrl.weights import weights_checksum
 
 from .conftest import add_rollout_node
+from .scripted import ScriptedTIRFactory, ScriptedTIRPolicy
 
 ray = pytest.importorskip("ray", reason="the Ray runtime's tests need the ray extra (bash .ci/setup --dev)")
 

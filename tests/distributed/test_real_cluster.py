@@ -25,6 +25,7 @@ from agentrl.run import RunDir
 
 pytestmark = [
     pytest.mark.ray_cluster,
+    pytest.mark.ray,
     pytest.mark.skipif(os.environ.get("AGENTRL_RAY_CLUSTER") != "1", reason="opt-in: AGENTRL_RAY_CLUSTER=1"),
 ]
 BIN = Path(sys.executable).parent

@@ -26,6 +26,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # ~6 s on 2 cores (two gloo ranks)
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 def test_two_gloo_ranks_match_single_process(tmp_path):
     model, batch, adv, cfg_kw = build_case()

@@ -95,6 +95,7 @@ def _peak(chunk_size: int, micro_batch_tokens: int) -> dict[str, float]:
     return result
 
 
+@pytest.mark.slow  # ~23 s on 2 cores (a subprocess trains the tiny model)
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc")
 def test_learner_peak_memory_for_a_fixed_batch_stays_under_budget():
     chunked = _peak(512, 1024)

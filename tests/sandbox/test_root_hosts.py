@@ -261,6 +261,7 @@ def test_the_self_test_command_prints_a_table_and_exits_1_when_a_limit_does_not_
     assert ok.stdout.rstrip().splitlines()[-1].startswith("PASSED")
 
 
+@pytest.mark.slow  # ~7 s on 2 cores
 @as_root
 @has_unshare
 @requires_bwrap

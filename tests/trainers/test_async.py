@@ -137,6 +137,7 @@ def test_s1_first_step_identical_then_only_the_correction_differs(tmp_path, tok)
     assert not off.matches
 
 
+@pytest.mark.slow  # ~19 s on 2 cores
 def test_weights_arrive_between_turns_and_episodes_span_versions(tmp_path, tok):
     # Turns as slow as a learner step, and long episodes: publishes land in the middle of episodes.
     sink = _sampler(tok, delay_s=0.4)
@@ -207,6 +208,7 @@ def test_bad_async_settings_are_refused(tmp_path):
         _cfg(tmp_path, "x", max_staleness=1, agent="examples/agent.py:run")
 
 
+@pytest.mark.slow  # ~19 s on 2 cores
 def test_drop_mode_drops_stragglers_within_the_bound(tmp_path, tok):
     calls = iter(range(10**6))
     # Every fifth turn is a straggler (2 s) while the others take 20 ms.

@@ -140,6 +140,7 @@ def _fresh_seeds(k):
     return {k * 2, k * 2 + 1} | {refill_seed(0, k, d, 2, 8) for d in range(2, 8)}
 
 
+@pytest.mark.slow  # ~6 s per case on 2 cores (CLI subprocesses)
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_cli_two_steps_with_dynamic_sampling_hits_the_cap_and_says_so(tmp_path, staleness):
     # The random tiny model never samples a stop token, so every turn is cut at --rollout.max-new-tokens

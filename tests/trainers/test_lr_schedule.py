@@ -18,6 +18,8 @@ from agentrl import replay
 from agentrl.metrics import read_metrics
 from agentrl.trainers import replay as rerun
 
+pytestmark = pytest.mark.slow  # the module's two training runs take ~24 s on 2 cores
+
 AGENTRL = [sys.executable, "-m", "agentrl.trainers"]
 SCHEDULE = [
     "--model",

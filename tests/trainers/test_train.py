@@ -104,6 +104,7 @@ def test_the_run_ends_with_a_held_out_evaluation_of_untrained_and_trained(two_st
     assert "held-out pass@1 on 2 test tasks x 2: untrained" in out.stdout
 
 
+@pytest.mark.slow  # ~17 s on 2 cores
 def test_resume_continues_at_step_3_with_the_same_data(two_step_run, tmp_path):
     run, _ = two_step_run
     out = run_cli(["train", "--resume", str(run), "--steps", "3", "--no-progress"])

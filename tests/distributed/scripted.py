@@ -1,4 +1,9 @@
-"""A scripted sampler for math-tir with sleep-bound latency: the Ray runtime's tests and benchmark.
+"""A scripted sampler for math-tir with sleep-bound latency: the Ray runtime's tests and benchmarks.
+
+A test fake, so it lives under tests/ and is not installed. Ray actors unpickle the policy factory in other
+processes, where this file's module name (``distributed.scripted`` under pytest, ``scripted`` for
+``drive.py``, ``tests.distributed.scripted`` for the benchmarks) may not be importable: the module is
+therefore registered with Ray's cloudpickle to travel by value, and the actors need only ``agentrl``.
 
 :class:`ScriptedTIRPolicy` is an :class:`~agentrl.protocols.UpdatablePolicy` that plays math-tir tasks the
 way a model would, through the real environment and the real sandbox: it writes a python block computing the
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +30,13 @@ from typing import Any
 from agentrl.protocols import FinishReason, Generation, Sampling, UpdatablePolicy, WeightUpdate
 
 __all__ = ["ScriptedTIRFactory", "ScriptedTIRPolicy"]
+
+try:
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+except ImportError:  # without the ray extra the Ray tests skip, and nothing is pickled
+    pass
 
 
 class ScriptedTIRPolicy:
