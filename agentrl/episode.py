@@ -14,7 +14,7 @@
 * Observation tokens come from :meth:`agentrl.chat.ChatRenderer.render_delta`, which checks that the
   template is append-only for this conversation. On a mismatch the episode raises or stops, as
   :attr:`RolloutConfig.on_template_mismatch` says; it never continues with a corrupted stream.
-* All token columns are built by :func:`agentrl.masking.build_columns`.
+* The trajectory is built by :func:`agentrl.masking.build_trajectory` (its columns by ``build_columns``).
 
 Limits, each with one owner and one stop reason. The rollout owns the compute budget: ``max_turns``
 (``MAX_TURNS``), ``max_new_tokens`` per turn (``TURN_TOKENS``) and ``max_total_tokens`` for the whole token
@@ -51,7 +51,7 @@ from agentrl.errors import (
     TemplateError,
     removed_arguments,
 )
-from agentrl.masking import Piece, build_columns
+from agentrl.masking import Piece, build_trajectory
 from agentrl.protocols import FinishReason, Generation, Policy, Sampling
 from agentrl.types import Action, EpisodeFailure, Message, StopReason, ToolRecord, Trajectory, TrajectoryMeta
 
@@ -353,38 +353,28 @@ class _Episode:
     def finish(
         self, meta: TrajectoryMeta, env: Env, seed: int | None, cfg: RolloutConfig, renderer: ChatRenderer
     ) -> Trajectory:
-        cols = build_columns(self.pieces)
-        extra = dict(meta.extra)
-        if self.versions and max(self.versions) != min(self.versions):
-            extra["policy_version_max"] = max(self.versions)
-            # The sampler took new weights between turns: record each turn's version (staleness, replay).
-            extra["turn_versions"] = ",".join(str(v) for v in self.versions)
         meta = dataclasses.replace(
             meta,
             env_id=meta.env_id or (env.spec_id or type(env).__name__),
             seed=meta.seed if meta.seed is not None else seed,
-            policy_version=min(self.versions) if self.versions else self.start_version,
+            policy_version=self.start_version,  # build_trajectory: the oldest turn's, if any turn ran
             episode_id=meta.episode_id or uuid.uuid4().hex,
-            extra=extra,
         )
         self.timings["total"] = time.perf_counter() - self.t_start
-        traj = Trajectory(
-            token_ids=cols.token_ids,
-            loss_mask=cols.loss_mask,
-            logprobs=cols.logprobs,
-            segments=cols.segments,
-            messages=tuple(self.messages),
-            tool_calls=tuple(self.tool_records),
-            actions=tuple(self.actions),
-            rewards=tuple(self.rewards),
+        traj = build_trajectory(
+            self.pieces,
+            messages=self.messages,
+            meta=meta,
+            rewards=self.rewards,
+            stop_reason=self.stop_reason,
             terminated=self.terminated,
             truncated=self.truncated,
-            stop_reason=self.stop_reason,
-            errors=tuple(self.errors),
-            meta=meta,
+            versions=self.versions,
+            tool_calls=self.tool_records,
+            actions=self.actions,
+            errors=self.errors,
             timings=self.timings,
             tokenizer=renderer.tokenizer_info,
-            policy_versions=tuple(self.versions),
         )
         if cfg.audit:
             from agentrl.audit import audit_trajectory

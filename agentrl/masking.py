@@ -1,4 +1,4 @@
-"""The one place where a trajectory's token columns are built.
+"""The one place where a trajectory's token columns are built, and the one function that builds trajectories.
 
 Everything the rollout produces is a list of :class:`Piece` objects in conversation order: the rendered
 prompt, each sampled turn (ids + the sampler's log-probs), template-inserted separators, and the rendered
@@ -7,18 +7,34 @@ provenance ``segments``. The rule is simple and lives only here: a token is trai
 recorded) if and only if the policy sampled it (``TokenSource.MODEL``); every other token has mask 0 and
 no log-prob. Keeping this in one function is what makes pitfall §15.8 (mask/log-prob drift after inserting
 or removing boundary tokens) testable: there is no second code path that could disagree.
+
+:func:`build_trajectory` turns the pieces and what else an episode recorded into the frozen
+:class:`~agentrl.types.Trajectory`. The native episode (``agentrl.episode``), the gateway session and the
+experiments' lockstep sampler all call it, so the per-turn policy versions and ``meta.policy_version`` are
+set in one place.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agentrl.errors import AuditError, ConfigError
-from agentrl.types import Segment, TokenSource
+from agentrl.tokenizer_id import TokenizerInfo
+from agentrl.types import (
+    EpisodeFailure,
+    Message,
+    Segment,
+    StopReason,
+    TokenSource,
+    ToolRecord,
+    Trajectory,
+    TrajectoryMeta,
+)
 
-__all__ = ["Piece", "TokenColumns", "build_columns"]
+__all__ = ["Piece", "TokenColumns", "build_columns", "build_trajectory"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,3 +137,54 @@ def _check(cols: TokenColumns) -> None:
         raise AuditError("build_columns produced columns of different lengths")
     if cols.segments and (cols.segments[0].start != 0 or cols.segments[-1].end != n):
         raise AuditError("build_columns produced segments that do not tile the tokens")
+
+
+def build_trajectory(
+    pieces: Iterable[Piece],
+    *,
+    messages: Sequence[Message],
+    meta: TrajectoryMeta,
+    rewards: Sequence[float],
+    stop_reason: StopReason,
+    terminated: bool,
+    truncated: bool,
+    versions: Sequence[int] | None = None,
+    tool_calls: Sequence[ToolRecord] = (),
+    actions: Sequence[str] = (),
+    errors: Sequence[EpisodeFailure] = (),
+    timings: Mapping[str, float] | None = None,
+    tokenizer: TokenizerInfo | None = None,
+) -> Trajectory:
+    """The trajectory of one episode (or one gateway segment): columns from :func:`build_columns`.
+
+    ``versions`` is the weights version that sampled each model turn, in order (one per ``MODEL`` segment);
+    None means every turn was sampled by ``meta.policy_version`` (a sampler without weight updates). The
+    result records them once, in :attr:`Trajectory.policy_versions`, and ``meta.policy_version`` becomes
+    the oldest of them (with no model turn it stays as given: the version served when the episode began).
+    Raises :class:`AuditError` when ``versions`` does not have one entry per model turn.
+    """
+    cols = build_columns(pieces)
+    turns = sum(1 for s in cols.segments if s.source is TokenSource.MODEL)
+    per_turn = tuple(int(v) for v in versions) if versions is not None else (meta.policy_version,) * turns
+    if len(per_turn) != turns:
+        raise AuditError(f"{len(per_turn)} policy versions given for {turns} model turns")
+    if per_turn:
+        meta = dataclasses.replace(meta, policy_version=min(per_turn))
+    return Trajectory(
+        token_ids=cols.token_ids,
+        loss_mask=cols.loss_mask,
+        logprobs=cols.logprobs,
+        segments=cols.segments,
+        messages=tuple(messages),
+        tool_calls=tuple(tool_calls),
+        actions=tuple(actions),
+        rewards=tuple(float(r) for r in rewards),
+        terminated=terminated,
+        truncated=truncated,
+        stop_reason=stop_reason,
+        errors=tuple(errors),
+        meta=meta,
+        timings=dict(timings or {}),
+        tokenizer=tokenizer,
+        policy_versions=per_turn,
+    )

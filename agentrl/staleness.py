@@ -52,16 +52,12 @@ __all__ = [
 
 OnStale = Literal["wait", "drop"]
 
-TURN_VERSIONS_KEY = "turn_versions"
-"""``TrajectoryMeta.extra`` key holding each model turn's policy version ("3,3,4"), written when an
-episode spans versions (otherwise every turn has ``meta.policy_version``)."""
-
 
 def turn_versions(traj: Trajectory) -> tuple[int, ...]:
-    """The policy version of each model turn, in order."""
-    raw = traj.meta.extra.get(TURN_VERSIONS_KEY)
-    if isinstance(raw, str) and raw:
-        return tuple(int(v) for v in raw.split(","))
+    """The policy version of each model turn, in order: :attr:`Trajectory.policy_versions` (older records
+    without it: ``meta.policy_version`` for every turn)."""
+    if traj.policy_versions:
+        return traj.policy_versions
     n = max((s.turn for s in traj.segments if s.source is TokenSource.MODEL), default=-1) + 1
     return (traj.meta.policy_version,) * n
 
@@ -70,13 +66,13 @@ def token_versions(traj: Trajectory) -> tuple[int, ...]:
     """The policy version that sampled each token (same length as ``token_ids``); tokens the policy did
     not sample (prompt, observations, template) get the trajectory's oldest version."""
     per_turn = turn_versions(traj)
-    out = [traj.meta.policy_version] * len(traj.token_ids)
+    out = [traj.min_policy_version] * len(traj.token_ids)
     for s in traj.segments:
         if s.source is TokenSource.MODEL:
             if s.turn >= len(per_turn):
                 raise ConfigError(
                     f"trajectory {traj.meta.episode_id}: model turn {s.turn} has no recorded version "
-                    f"({TURN_VERSIONS_KEY}={per_turn})"
+                    f"(policy_versions={per_turn})"
                 )
             out[s.start : s.end] = [per_turn[s.turn]] * (s.end - s.start)
     return tuple(out)
@@ -84,7 +80,7 @@ def token_versions(traj: Trajectory) -> tuple[int, ...]:
 
 def trajectory_staleness(traj: Trajectory, learner_version: int) -> int:
     """Learner version − the oldest version among the trajectory's tokens."""
-    return learner_version - traj.meta.policy_version
+    return learner_version - traj.min_policy_version
 
 
 @dataclass(frozen=True)
@@ -274,4 +270,4 @@ def oldest_version(trajectories: Sequence[Trajectory] | TrajectoryGroup) -> int:
     """The oldest policy version among the tokens of ``trajectories`` (a group)."""
     if not trajectories:
         raise ConfigError("a group needs at least one trajectory")
-    return min(t.meta.policy_version for t in trajectories)
+    return min(t.min_policy_version for t in trajectories)

@@ -14,6 +14,7 @@ exact: ``token_ids`` are what the tokenizer produced for prompts and observation
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -22,12 +23,15 @@ from enum import StrEnum
 from typing import Any
 
 from agentrl.errors import ConfigError, FormatError
+from agentrl.provenance import Provenance
 from agentrl.tokenizer_id import TokenizerInfo
+from agentrl.tool_records import ToolRecord, ToolStatus
 
 __all__ = [
     "Action",
     "EpisodeFailure",
     "Message",
+    "Provenance",
     "Segment",
     "StopReason",
     "TokenSource",
@@ -133,108 +137,6 @@ class Action:
     """The decoded text of the sampled tokens (without the end-of-turn token)."""
     token_ids: tuple[int, ...] = ()
     """The sampled token ids, for environments that want them (most only read ``text``)."""
-
-
-class ToolStatus(StrEnum):
-    """How one tool call ended, and how the sandbox run behind it ended: one vocabulary for both.
-
-    A sandbox run (:attr:`agentrl.execution.ExecResult.status`) ends in one of the *run* statuses: ``OK``,
-    ``ERROR``, ``TIMEOUT``, ``OOM``, ``OUTPUT_LIMIT``, ``KILLED``, ``SANDBOX_ERROR``. A tool call can also end
-    before anything runs, in a *call* status (:attr:`is_call_error`): ``PARSE_ERROR``, ``UNKNOWN_TOOL``,
-    ``BAD_ARGUMENTS``. The values are what ``trajectories.jsonl`` stores.
-    """
-
-    OK = "ok"
-    """The tool (or the code) ran to completion and returned output."""
-    ERROR = "error"
-    """The tool ran and failed (exception, code raised, non-zero exit); the model sees the error."""
-    TIMEOUT = "timeout"
-    """The wall-clock limit was hit; a sandbox kills the whole process tree."""
-    OOM = "oom"
-    """The memory limit was hit."""
-    OUTPUT_LIMIT = "output_limit"
-    """The code wrote more output than the hard cap and was stopped."""
-    KILLED = "killed"
-    """Killed by another limit (process count, file size, CPU time) or a signal."""
-    PARSE_ERROR = "parse_error"
-    """The call itself could not be parsed (bad JSON, missing name). Nothing ran."""
-    UNKNOWN_TOOL = "unknown_tool"
-    """The model named a tool the environment does not have. Nothing ran."""
-    BAD_ARGUMENTS = "bad_arguments"
-    """The arguments did not fit the tool's signature. Nothing ran."""
-    SANDBOX_ERROR = "sandbox_error"
-    """Infrastructure failure: the sandbox could not run the call (could not start, crashed, busy). Marks
-    the episode as an infra failure; never the model's fault."""
-
-    @property
-    def is_infra(self) -> bool:
-        """True when the failure is ours, not the model's (or the code's)."""
-        return self is ToolStatus.SANDBOX_ERROR
-
-    @property
-    def is_call_error(self) -> bool:
-        """True for the statuses of a call that never ran because the model wrote it wrongly."""
-        return self in _CALL_ERRORS
-
-    @classmethod
-    def parse(cls, value: Any) -> ToolStatus:
-        """The status named ``value`` (a member or its string); :class:`FormatError` for anything else."""
-        try:
-            return cls(value)
-        except ValueError:
-            raise FormatError(f"unknown tool status {value!r}; one of {[s.value for s in cls]}") from None
-
-
-_CALL_ERRORS = frozenset({ToolStatus.PARSE_ERROR, ToolStatus.UNKNOWN_TOOL, ToolStatus.BAD_ARGUMENTS})
-
-
-@dataclass(frozen=True, slots=True)
-class ToolRecord:
-    """One executed (or rejected) tool call with its input, output, status and timing."""
-
-    call_id: str
-    """The call's id (matches ``ToolCall.id`` and the tool message's ``tool_call_id``)."""
-    name: str
-    """Tool name as the model wrote it."""
-    arguments: str
-    """Arguments as the model wrote them (JSON string, verbatim)."""
-    output: str
-    """What the model was shown."""
-    status: ToolStatus
-    """How the call ended."""
-    duration_s: float
-    """Wall-clock seconds spent in the tool."""
-    turn: int
-    """Index of the model turn that made the call (0-based)."""
-    detail: str = ""
-    """Extra diagnostics not shown to the model (e.g. the sandbox's own message)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON object stored in ``trajectories.jsonl``."""
-        return {
-            "call_id": self.call_id,
-            "name": self.name,
-            "arguments": self.arguments,
-            "output": self.output,
-            "status": self.status.value,
-            "duration_s": self.duration_s,
-            "turn": self.turn,
-            "detail": self.detail,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ToolRecord:
-        """Parse :meth:`to_dict`'s output (as read back from JSON)."""
-        return cls(
-            call_id=str(d["call_id"]),
-            name=str(d["name"]),
-            arguments=str(d["arguments"]),
-            output=str(d["output"]),
-            status=ToolStatus.parse(d["status"]),
-            duration_s=float(d["duration_s"]),
-            turn=int(d["turn"]),
-            detail=str(d.get("detail", "")),
-        )
 
 
 class TokenSource(StrEnum):
@@ -348,6 +250,9 @@ class EpisodeFailure:
 
 JSONScalar = str | int | float | bool | None
 
+_LEGACY_VERSION_KEYS = ("turn_versions", "policy_version_max")
+"""``meta.extra`` keys of files written before :attr:`Trajectory.policy_versions` was the one record."""
+
 
 @dataclass(frozen=True, slots=True)
 class TrajectoryMeta:
@@ -362,13 +267,16 @@ class TrajectoryMeta:
     group_id: str = ""
     """Group this episode belongs to for credit assignment (same task, same policy version)."""
     policy_version: int = 0
-    """Learner step whose weights sampled this episode."""
+    """The oldest weights version that sampled a turn of this episode (= ``min(policy_versions)`` of the
+    trajectory; the version served when it started if it has no model turn)."""
     step: int | None = None
     """Training step during which the episode was collected (None outside training)."""
     episode_id: str = ""
     """Unique id of this episode."""
     extra: Mapping[str, JSONScalar] = field(default_factory=dict)
     """Small scalar annotations (difficulty, split, answer) — JSON scalars only."""
+    provenance: Provenance | None = None
+    """Where a distributed (Ray) episode ran: worker, server, node, sandbox pool. None in one process."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object stored in ``trajectories.jsonl``."""
@@ -381,11 +289,14 @@ class TrajectoryMeta:
             "step": self.step,
             "episode_id": self.episode_id,
             "extra": dict(self.extra),
-        }
+        } | ({"provenance": self.provenance.to_dict()} if self.provenance is not None else {})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TrajectoryMeta:
-        """Parse :meth:`to_dict`'s output (as read back from JSON)."""
+        """Parse :meth:`to_dict`'s output (as read back from JSON). Older Ray files kept the provenance as
+        strings in ``extra``: they are lifted into :attr:`provenance`."""
+        extra = dict(d.get("extra") or {})
+        prov = d.get("provenance")
         return cls(
             env_id=str(d.get("env_id", "")),
             seed=d.get("seed"),
@@ -394,7 +305,8 @@ class TrajectoryMeta:
             policy_version=int(d.get("policy_version", 0)),
             step=d.get("step"),
             episode_id=str(d.get("episode_id", "")),
-            extra=dict(d.get("extra") or {}),
+            provenance=Provenance.from_dict(prov) if prov else Provenance.pop_legacy(extra),
+            extra=extra,
         )
 
 
@@ -441,13 +353,25 @@ class Trajectory:
     """The tokenizer the token ids belong to (None in records from before it was recorded)."""
     policy_versions: tuple[int, ...] = ()
     """The weights version that sampled each model turn (one per ``MODEL`` segment, in order): every sampled
-    token carries the version of its turn. Empty in files written before versions were recorded per turn."""
+    token carries the version of its turn. The one record of it (older files kept a spanning episode's list
+    in ``meta.extra["turn_versions"]``, read back into this field); empty only in old records whose turns
+    all have ``meta.policy_version``."""
 
     # ----------------------------------------------------------------------------------------------
     @property
     def reward(self) -> float:
         """Total episode reward (sum of per-step rewards)."""
         return float(math.fsum(self.rewards))
+
+    @property
+    def min_policy_version(self) -> int:
+        """The oldest weights version among the model turns (``meta.policy_version`` if none recorded)."""
+        return min(self.policy_versions, default=self.meta.policy_version)
+
+    @property
+    def max_policy_version(self) -> int:
+        """The newest weights version among the model turns (``meta.policy_version`` if none recorded)."""
+        return max(self.policy_versions, default=self.meta.policy_version)
 
     @property
     def infra_failure(self) -> bool:
@@ -503,6 +427,11 @@ class Trajectory:
             raise AuditError(
                 f"{len(self.policy_versions)} policy versions recorded for {self.num_turns} model turns"
             )
+        if self.policy_versions and self.meta.policy_version != min(self.policy_versions):
+            raise AuditError(
+                f"meta.policy_version is {self.meta.policy_version}, but the oldest turn's version is "
+                f"{min(self.policy_versions)}"
+            )
 
     # ----------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -530,7 +459,15 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Trajectory:
-        """Inverse of :meth:`to_dict`."""
+        """Inverse of :meth:`to_dict`; reads older files' ``meta.extra`` version keys too."""
+        meta = TrajectoryMeta.from_dict(d.get("meta") or {"group_id": d.get("group_id", "")})
+        versions = tuple(int(v) for v in d.get("policy_versions") or ())
+        legacy = meta.extra.get("turn_versions")
+        if not versions and isinstance(legacy, str) and legacy:  # before the typed field: "3,3,4"
+            versions = tuple(int(v) for v in legacy.split(","))
+        if isinstance(legacy, str):  # the typed field holds it now (and policy_version_max with it)
+            extra = {k: v for k, v in meta.extra.items() if k not in _LEGACY_VERSION_KEYS}
+            meta = dataclasses.replace(meta, extra=extra)
         return cls(
             token_ids=tuple(int(t) for t in d["token_ids"]),
             loss_mask=tuple(int(m) for m in d["loss_mask"]),
@@ -544,10 +481,10 @@ class Trajectory:
             truncated=bool(d["truncated"]),
             stop_reason=StopReason(d.get("stop_reason", StopReason.TERMINATED.value)),
             errors=tuple(EpisodeFailure.from_dict(e) for e in d.get("errors", ())),
-            meta=TrajectoryMeta.from_dict(d.get("meta") or {"group_id": d.get("group_id", "")}),
+            meta=meta,
             timings={str(k): float(v) for k, v in (d.get("timings") or {}).items()},
             tokenizer=TokenizerInfo.from_dict(d["tokenizer"]) if d.get("tokenizer") else None,
-            policy_versions=tuple(int(v) for v in d.get("policy_versions") or ()),
+            policy_versions=versions,
         )
 
     def to_json(self) -> str:

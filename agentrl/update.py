@@ -135,7 +135,7 @@ def _staleness(
     for b, t in enumerate(trajs):
         v = torch.tensor(token_versions(t), dtype=torch.long)
         stale[b, : len(v)] = (v < learner_version) & torch.tensor(t.loss_mask, dtype=torch.bool)
-    per_traj = [learner_version - t.meta.policy_version for t in trajs]
+    per_traj = [learner_version - t.min_policy_version for t in trajs]
     n_model = sum(sum(t.loss_mask) for t in trajs)
     metrics = {
         "staleness/max": float(max(per_traj, default=0)),

@@ -14,7 +14,7 @@ the learner updates (in a worker thread locally, on the learner actors with ``--
 Weights reach the sampler between turns: a turn that is sampling when the learner publishes finishes on
 the weights it started with, and the episode's next turn samples with the new ones. Each turn records its
 version (``Generation.policy_version``; a trajectory that spans versions lists them in
-``meta.extra["turn_versions"]``), so each token's staleness is known and the correction applies per token.
+``Trajectory.policy_versions``), so each token's staleness is known and the correction applies per token.
 
 The data order is the synchronous trainer's (step k trains the tasks ``task_seeds(seed, k)``), so S = 0
 would be the synchronous trainer exactly (the tests run this loop at S = 0 and compare). A resumed run
@@ -61,7 +61,7 @@ def _reusable_groups(s: _Session) -> dict[str, TrajectoryGroup]:
     out: dict[str, TrajectoryGroup] = {}
     for g in read_groups(path, size=s.cfg.group_size):
         step = g[0].meta.step
-        newest = max(int(t.meta.extra.get("policy_version_max", t.meta.policy_version) or 0) for t in g)
+        newest = max(t.max_policy_version for t in g)
         if step is not None and step >= s.first_step and newest <= s.first_step:
             out[f"{step}:{g.task_id}"] = g
     return out

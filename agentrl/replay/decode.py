@@ -13,7 +13,15 @@ from agentrl.chat import ChatRenderer
 from agentrl.errors import AgentRLError, ConfigError
 from agentrl.types import Segment, TokenSource, Trajectory
 
-__all__ = ["TokenText", "actions_of", "model_segments", "session_label", "token_text", "turn_layout"]
+__all__ = [
+    "TokenText",
+    "actions_of",
+    "model_segments",
+    "session_label",
+    "token_text",
+    "turn_layout",
+    "version_label",
+]
 
 
 class TokenText:
@@ -117,3 +125,12 @@ def session_label(traj: Trajectory) -> str | None:
         return None
     k, n, end = extra.get("segment", 0), extra.get("segments", 1), extra.get("segment_end", "finish")
     return f"session {sid}, segment {k} of {n}, ended by {end}"
+
+
+def version_label(traj: Trajectory) -> str:
+    """The weights version(s) that sampled the episode: ``"3"``, or ``"3-5 (per turn 3, 4, 5)"`` when the
+    sampler took new weights between its turns."""
+    lo, hi = traj.min_policy_version, traj.max_policy_version
+    if lo == hi:
+        return str(lo)
+    return f"{lo}-{hi} (per turn {', '.join(map(str, traj.policy_versions))})"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError
-from agentrl.replay.decode import session_label, token_text
+from agentrl.replay.decode import session_label, token_text, version_label
 from agentrl.replay.page import render_page
 from agentrl.replay.records import Run
 from agentrl.replay.reports import RecomputeReport, TrajectoryRecompute
@@ -109,7 +109,8 @@ def _traj_payload(
         "step": m.step,
         "group": m.group_id,
         "session": session_label(t),
-        "pv": m.policy_version,
+        "pv": version_label(t),
+        "ran": m.provenance.label() if m.provenance is not None else None,
         "reward": t.reward,
         "rewards": list(t.rewards),
         "stop": t.stop_reason.value,

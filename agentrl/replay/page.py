@@ -267,6 +267,7 @@ function show(i) {
   meta.replaceChildren();
   const rows = [["episode", t.id], ["env", t.env], ["task", t.task], ["seed", t.seed], ["step", t.step],
     ["group", t.group], ...(t.session ? [["gateway", t.session]] : []), ["policy version", t.pv], ["rewards per step", t.rewards.join(", ") || "none"],
+    ...(t.ran ? [["ran on", t.ran]] : []),
     ["terminated / truncated", t.terminated + " / " + t.truncated], ["turns", t.turns],
     ["tokens", t.ids.length + " (" + t.model_tokens + " sampled)"]];
   if (t.adv_src) rows.push(["advantages", t.adv_src]);

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.replay.decode import model_segments, session_label, token_text, turn_layout
+from agentrl.replay.decode import model_segments, session_label, token_text, turn_layout, version_label
 from agentrl.replay.reports import TrajectoryRecompute
 from agentrl.types import TokenSource, ToolStatus, Trajectory
 
@@ -61,8 +61,10 @@ def render(
     out.append(st(f"{head}  episode {m.episode_id or '?'}", "1"))
     out.append(
         f"  env {m.env_id or '?'}  task {m.task_id or '?'}  seed {m.seed}  step {m.step}"
-        f"  group {m.group_id[:12]}  policy v{m.policy_version}"
+        f"  group {m.group_id[:12]}  policy v{version_label(traj)}"
     )
+    if m.provenance is not None:  # a distributed run: which worker, server and node ran it
+        out.append(f"  ran on {m.provenance.label()}")
     session = session_label(traj)
     if session is not None:  # a gateway session split into several trajectories says where this one sits
         out.append(f"  {session}")

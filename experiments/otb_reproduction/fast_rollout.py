@@ -10,12 +10,13 @@ the same and are checked token for token against the real ToolEnv in ``tests/exp
   mask 0 and no log-prob, exactly as agentrl's masking rules say;
 * the turn's text goes through :class:`tiny_task.ChainParser` and the ``add`` tool; a turn that hits the
   token budget without ``<e>`` ends the episode (truncated, reward 0), as in ``agentrl.rollout``;
-* the trajectory is assembled with :func:`agentrl.masking.build_columns`, so collate, credit and the
+* the trajectory is assembled with :func:`agentrl.masking.build_trajectory`, so collate, credit and the
   learner see the same records a real rollout would produce.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 from tiny_task import ChainParser, add, prompt_text, turn_budget
 
-from agentrl.masking import Piece, build_columns
+from agentrl.masking import Piece, build_trajectory
 from agentrl.models import cache_kwarg, output_cache
 from agentrl.types import Message, StopReason, TokenSource, ToolRecord, ToolStatus, Trajectory, TrajectoryMeta
 
@@ -181,19 +182,16 @@ def _end_turn(r: _Row, vocab: Vocab, max_turns: int) -> None:
 
 
 def _to_trajectory(r: _Row) -> Trajectory:
-    cols = build_columns(r.pieces)
-    return Trajectory(
-        token_ids=cols.token_ids,
-        loss_mask=cols.loss_mask,
-        logprobs=cols.logprobs,
-        segments=cols.segments,
-        messages=tuple(r.messages),
-        tool_calls=tuple(r.records),
+    # One weights version per batch: every turn gets meta.policy_version (the builder's default).
+    return build_trajectory(
+        r.pieces,
+        messages=r.messages,
+        meta=TrajectoryMeta(env_id="chain-sum"),
         rewards=(r.reward,),
+        stop_reason=r.stop,
         terminated=not r.truncated,
         truncated=r.truncated,
-        stop_reason=r.stop,
-        meta=TrajectoryMeta(env_id="chain-sum"),
+        tool_calls=r.records,
     )
 
 
@@ -227,19 +225,5 @@ def group_rollout(
             step=step,
             episode_id=f"{gids[g]}-{j % group_size}",
         )
-        out.append(
-            Trajectory(
-                token_ids=t.token_ids,
-                loss_mask=t.loss_mask,
-                logprobs=t.logprobs,
-                segments=t.segments,
-                messages=t.messages,
-                tool_calls=t.tool_calls,
-                rewards=t.rewards,
-                terminated=t.terminated,
-                truncated=t.truncated,
-                stop_reason=t.stop_reason,
-                meta=meta,
-            )
-        )
+        out.append(dataclasses.replace(t, meta=meta))
     return out

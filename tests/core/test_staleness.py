@@ -3,13 +3,21 @@ learner latencies (a simulated event loop), plus the per-token version helpers."
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import random
 
 import pytest
 
-from agentrl.errors import ConfigError
-from agentrl.staleness import Admission, Lease, token_versions, trajectory_staleness, turn_versions
+from agentrl.errors import AuditError, ConfigError
+from agentrl.staleness import (
+    Admission,
+    Lease,
+    oldest_version,
+    token_versions,
+    trajectory_staleness,
+    turn_versions,
+)
 from agentrl.types import Segment, TokenSource, Trajectory, TrajectoryMeta
 
 
@@ -166,21 +174,53 @@ def _traj(versions):
         mask += [0]
         lps += [None]
         segs.append(Segment(TokenSource.OBSERVATION, s, len(ids), k))
-    extra = {"turn_versions": ",".join(map(str, versions))} if len(set(versions)) > 1 else {}
     return Trajectory(
         token_ids=tuple(ids),
         loss_mask=tuple(mask),
         logprobs=tuple(lps),
         segments=tuple(segs),
         messages=(),
-        meta=TrajectoryMeta(policy_version=min(versions), extra=extra),
+        meta=TrajectoryMeta(policy_version=min(versions)),
+        policy_versions=tuple(versions),
     )
 
 
 def test_token_versions_follow_the_turns():
-    t = _traj([4, 4, 5])
-    assert turn_versions(t) == (4, 4, 5)
-    assert token_versions(t) == (4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 4)
+    t = _traj([4, 5, 4])
+    t.validate()
+    assert turn_versions(t) == (4, 5, 4)
+    assert token_versions(t) == (4, 4, 4, 4, 4, 5, 5, 4, 4, 4, 4)
     assert trajectory_staleness(t, 6) == 2
+    assert (t.min_policy_version, t.max_policy_version) == (4, 5)
     same = _traj([3, 3])
     assert turn_versions(same) == (3, 3) and set(token_versions(same)) == {3}
+
+
+def test_the_typed_field_is_the_one_record_read():
+    """Staleness reads ``policy_versions`` only: an ``extra`` key left in memory changes nothing (only a
+    file's old keys are read, when it is loaded), and ``meta.policy_version`` must be the oldest turn's."""
+    t = _traj([7, 9])
+    decoy = dataclasses.replace(t, meta=dataclasses.replace(t.meta, extra={"turn_versions": "1,1"}))
+    assert turn_versions(decoy) == (7, 9) and oldest_version([decoy]) == 7
+    assert trajectory_staleness(decoy, 9) == 2
+    bad = dataclasses.replace(t, meta=dataclasses.replace(t.meta, policy_version=9))
+    with pytest.raises(AuditError, match="oldest turn's version is 7"):
+        bad.validate()
+
+
+def test_old_records_load_with_their_per_turn_versions():
+    """A file written before the typed field kept a spanning episode's versions as ``meta.extra`` strings
+    (``turn_versions`` "4,5,4", ``policy_version_max`` 5); loading it fills ``policy_versions`` and drops
+    the keys. An old record of a single version lists none: every turn has ``meta.policy_version``."""
+    d = _traj([4, 5, 4]).to_dict()
+    del d["policy_versions"]
+    d["meta"]["extra"] = {"turn_versions": "4,5,4", "policy_version_max": 5, "difficulty": 2}
+    old = Trajectory.from_dict(d)
+    assert old.policy_versions == (4, 5, 4) and dict(old.meta.extra) == {"difficulty": 2}
+    assert token_versions(old) == token_versions(_traj([4, 5, 4]))
+    assert Trajectory.from_dict(old.to_dict()) == old
+    single = _traj([3, 3]).to_dict()
+    single["policy_versions"] = []  # what a file written before the field holds (or no key at all)
+    loaded = Trajectory.from_dict(single)
+    assert loaded.policy_versions == () and turn_versions(loaded) == (3, 3)
+    assert (loaded.min_policy_version, loaded.max_policy_version) == (3, 3)

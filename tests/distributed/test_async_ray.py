@@ -108,7 +108,7 @@ def test_staleness_bound_holds_on_ray_with_random_latencies_and_replay_reproduce
     assert max(r["staleness/max"] for r in rows) >= 1  # the next steps' groups did sample during learning
     trajs = list(read_trajectories(run))
     assert all(t.meta.step - min(t.policy_versions) <= S for t in trajs)
-    assert {t.meta.extra["worker"] for t in trajs} == {"worker-0", "worker-1"}
+    assert {t.meta.provenance.worker for t in trajs} == {"worker-0", "worker-1"}
     c = ledger_of(run).check(settled=True)
     assert c["trained"] == 16 and c["dropped"] == 0
     stale = [r for r in rows if r["staleness/stale_token_frac"] > 0]

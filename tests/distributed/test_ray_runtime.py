@@ -155,8 +155,10 @@ async def test_one_worker_server_learner_equals_the_single_process_trainer(clust
     assert rewards == {0.0, 1.0}  # the groups are not trivial: some members right, some wrong
     # Provenance on the Ray side only; the trajectory format is otherwise the same.
     t = remote[next(iter(remote))][0]
-    assert {"worker", "server", "node", "sandbox_pool"} <= set(t.meta.extra)
-    assert t.meta.extra["server"] == "server-0" and t.meta.extra["worker"] == "worker-0"
+    prov = t.meta.provenance
+    assert prov is not None and prov.node and prov.sandbox_pool.startswith("worker-0@")
+    assert prov.server == "server-0" and prov.worker == "worker-0"
+    assert not {"worker", "server", "node", "sandbox_pool"} & set(t.meta.extra)  # one record: the typed one
     # The learner saw the same batch: the same update, the same checkpoint.
     lm, rm = read_metrics(tmp_path / "local")[0], read_metrics(tmp_path / "ray")[0]
     for key in ("reward/mean", "learn/adv_mean", "learn/adv_abs_mean", "learn/loss"):
@@ -178,7 +180,7 @@ async def test_a_rollout_worker_killed_mid_step(cluster, tmp_path):
         assert "worker-0" not in rt.workers and "worker-2" in rt.workers
         assert not any(t.infra_failure for t in trajs)
         retried = [g for g in groups if not g.group_id.endswith("-a0")]
-        assert retried and all(t.meta.extra["worker"] != "worker-0" for g in retried for t in g)
+        assert retried and all(t.meta.provenance.worker != "worker-0" for g in retried for t in g)
         metrics = await finish_step(rt, groups, 1)
         assert metrics["ray/workers_replaced"] == 1 and metrics["ray/groups_dropped"] == 0
     with GroupLedger(run.path / "ledger.jsonl") as ledger:
@@ -199,9 +201,10 @@ async def test_an_inference_server_killed_restarts_with_the_current_weights(clus
             if t.infra_failure:  # lost with its server after the retries: recorded, never scored
                 assert t.stop_reason is StopReason.POLICY_ERROR and "died" in t.errors[-1].message
             else:
-                assert set(t.policy_versions) == {1}, t.meta.extra  # nothing sampled with stale weights
+                assert set(t.policy_versions) == {1}, t.meta.provenance  # nothing sampled with stale weights
         assert any(
-            t.infra_failure or set(t.meta.extra) & {"episode_attempts", "server_failovers"} for t in trajs
+            t.infra_failure or t.meta.provenance.episode_attempts > 1 or t.meta.provenance.server_failovers
+            for t in trajs
         )
         states = await asyncio.gather(*(rt._sync(s) for s in rt.servers))
         assert [s.starts for s in states] == [2, 1]
@@ -221,7 +224,7 @@ async def test_the_node_of_a_worker_removed_mid_step(cluster, tmp_path):
             cluster.remove_node(victim, allow_graceful=False)
             groups, _ = await rollout.finish()
             assert rt.ledger.released >= 1 and rt.replaced_workers >= 1
-            nodes = {t.meta.extra["node"] for g in groups if not g.group_id.endswith("-a0") for t in g}
+            nodes = {t.meta.provenance.node for g in groups if not g.group_id.endswith("-a0") for t in g}
             assert nodes and where not in nodes  # the re-run groups ran elsewhere
             await finish_step(rt, groups, 1)
     finally:
@@ -349,6 +352,6 @@ async def test_two_workers_share_a_four_group_step(cluster, tmp_path):
         groups, _ = await Rollout(rt, cfg).finish()
         per_worker = defaultdict(int)
         for g in groups:
-            per_worker[g[0].meta.extra["worker"]] += 1
+            per_worker[g[0].meta.provenance.worker] += 1
         assert sorted(per_worker.values()) == [2, 2], dict(per_worker)
         await finish_step(rt, groups, 1)

@@ -115,9 +115,9 @@ def test_two_node_cluster_trains_smollm2_for_two_steps(tmp_path):
         assert [r["step"] for r in rows] == [0, 1]
         trajs = list(read_trajectories(run))
         assert len(trajs) == 8
-        nodes = {t.meta.extra["node"] for t in trajs}
+        nodes = {t.meta.provenance.node for t in trajs}
         assert len(nodes) == 1  # every episode on the rollout node (the head offers no rollout resource)
-        assert all(t.meta.extra["server"] == "server-0" for t in trajs)
+        assert all(t.meta.provenance.server == "server-0" for t in trajs)
         assert RunDir(run).latest_checkpoint() is not None
         summary = {
             "wall_s": round(wall, 1),

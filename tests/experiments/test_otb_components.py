@@ -55,6 +55,7 @@ def test_fast_sampler_reproduces_agentrl_rollout_token_for_token(tiny_tok, case)
     assert fast.reward == ref.reward == rewards[0] == (1.0 if case == "good" else 0.0)
     assert fast.stop_reason == ref.stop_reason
     assert fast.truncated == ref.truncated
+    assert fast.policy_versions == ref.policy_versions == (0,) * ref.num_turns  # one builder for both
     assert [(c.call_id, c.arguments, c.output, c.turn) for c in fast.tool_calls] == [
         (c.call_id, c.arguments, c.output, c.turn) for c in ref.tool_calls
     ]

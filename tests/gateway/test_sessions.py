@@ -9,9 +9,13 @@ import json
 import openai
 import pytest
 
+from agentrl import JsonlStore, read_trajectories
 from agentrl.audit import audit_trajectory
 from agentrl.chat import ChatRenderer
+from agentrl.protocols import WeightUpdate
 from agentrl.rollout import RolloutConfig, run_episode
+from agentrl.staleness import token_versions, trajectory_staleness
+from agentrl.testing import RecordingWeightSink
 from agentrl.trainers.gateway import Gateway, GatewayConfig
 from agentrl.types import StopReason, TokenSource
 
@@ -227,3 +231,30 @@ async def test_template_that_is_not_append_only_splits_and_records_why(tok):
     assert renderer.decode(second.token_ids).startswith("<|im_start|>system\n4 messages")
     for t in (first, second):
         audit_trajectory(t, renderer)
+
+
+async def test_a_session_spanning_a_weight_update_records_each_turns_version(renderer, tmp_path):
+    """The learner publishes new weights between the agent's turns (through the sampler's WeightSink): the
+    session's trajectory records each turn's own version, not the oldest for all; the file keeps them, and
+    staleness and the update read them per token."""
+    sink = RecordingWeightSink(scripted(renderer))  # SCRIPT: a call, text plus a call, the answer
+    with JsonlStore(tmp_path / "trajectories.jsonl") as store:
+        async with Gateway(sink, renderer, store=store) as gw:
+            c = client_for(gw.base_url("s"))
+            a, _ = await ask(c, START)
+            await sink.load_weights(WeightUpdate(1, {"w": 0.0}))
+            b, _ = await ask(c, [*START, a, tool_result(a)])
+            await sink.load_weights(WeightUpdate(3, {"w": 0.0}))
+            await ask(c, [*START, a, tool_result(a), b, tool_result(b, "again")])
+            await c.close()
+            (t,) = await gw.finish("s", 1.0)
+    audit_trajectory(t, renderer)
+    assert t.num_turns == 3 and t.policy_versions == (0, 1, 3)
+    assert (t.meta.policy_version, t.min_policy_version, t.max_policy_version) == (0, 0, 3)
+    assert not {"turn_versions", "policy_version_max"} & set(t.meta.extra)  # one record: the typed field
+    (stored,) = list(read_trajectories(tmp_path / "trajectories.jsonl"))
+    assert stored.policy_versions == (0, 1, 3)
+    model = [s for s in stored.segments if s.source is TokenSource.MODEL]
+    versions = token_versions(stored)
+    assert [set(versions[s.start : s.end]) for s in model] == [{0}, {1}, {3}]
+    assert trajectory_staleness(stored, 3) == 3

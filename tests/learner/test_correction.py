@@ -149,7 +149,6 @@ def _traj(prompt, turns, reward, group, versions, lp=-1.0):
             mask += [0] * len(tool_toks)
             lps += [None] * len(tool_toks)
             segs.append(Segment(TokenSource.OBSERVATION, s, len(ids), k))
-    extra = {"turn_versions": ",".join(map(str, versions))} if len(set(versions)) > 1 else {}
     return Trajectory(
         token_ids=tuple(ids),
         loss_mask=tuple(mask),
@@ -157,7 +156,8 @@ def _traj(prompt, turns, reward, group, versions, lp=-1.0):
         segments=tuple(segs),
         messages=(),
         rewards=(reward,),
-        meta=TrajectoryMeta(group_id=group, policy_version=min(versions), extra=extra),
+        meta=TrajectoryMeta(group_id=group, policy_version=min(versions)),
+        policy_versions=tuple(versions),
     )
 
 

@@ -144,10 +144,11 @@ def test_weights_arrive_between_turns_and_episodes_span_versions(tmp_path, tok):
     cfg = _cfg(tmp_path, "span", max_staleness=1, steps=5, env_kwargs={"low": 1, "high": 9, "max_guesses": 4})
     run = _run(dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_turns=4)), sink)
     trajs = list(read_trajectories(run))
-    spanning = [t for t in trajs if "turn_versions" in t.meta.extra]
+    spanning = [t for t in trajs if t.min_policy_version != t.max_policy_version]
     assert spanning, "no episode saw a weight update between its turns"
     for t in trajs:
         vs = turn_versions(t)
+        assert vs == t.policy_versions and not {"turn_versions", "policy_version_max"} & set(t.meta.extra)
         assert list(vs) == sorted(vs) and t.meta.policy_version == min(vs)
         assert t.meta.step - t.meta.policy_version <= 1  # staleness of the step that trained it
         per_tok = token_versions(t)

@@ -30,7 +30,7 @@ from agentrl.episode import run_episode
 from agentrl.errors import ConfigError, PolicyError
 from agentrl.protocols import Generation, Sampling, UpdatablePolicy, WeightSink, WeightUpdate
 from agentrl.trainers.distributed.weights import WeightRef, WeightTransport
-from agentrl.types import StopReason, Trajectory, TrajectoryMeta
+from agentrl.types import Provenance, StopReason, Trajectory, TrajectoryMeta
 from agentrl.weights import weights_checksum
 
 __all__ = [
@@ -317,16 +317,12 @@ class RolloutWorker:
                 or attempt == self.episode_retries
             ):
                 break  # a lost server's episode starts over on another server, a few times at most
-        provenance = {
-            "worker": self.name,
-            "server": policy.name,
-            "node": self.node,
-            "sandbox_pool": self.pool_id,
-        }
-        if attempt:
-            provenance["episode_attempts"] = str(attempt + 1)
-        if policy.failovers:
-            provenance["server_failovers"] = str(policy.failovers)
-        return dataclasses.replace(
-            traj, meta=dataclasses.replace(traj.meta, extra={**traj.meta.extra, **provenance})
+        provenance = Provenance(
+            worker=self.name,
+            server=policy.name,
+            node=self.node,
+            sandbox_pool=self.pool_id,
+            episode_attempts=attempt + 1,
+            server_failovers=policy.failovers,
         )
+        return dataclasses.replace(traj, meta=dataclasses.replace(traj.meta, provenance=provenance))

@@ -23,7 +23,7 @@ the latest candidate) and, with ``on_rewrite="split"``, the request starts a new
 as a prompt (never re-tokenized into the old one); with ``"non_trainable"`` the same happens but every
 trajectory of the session is marked unusable for training. :meth:`Session.build` turns each segment with at
 least one model turn into a :class:`~agentrl.types.Trajectory` built by
-:func:`agentrl.masking.build_columns`, exactly as a native episode is.
+:func:`agentrl.masking.build_trajectory`, exactly as a native episode is.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from agentrl.chat import ChatRenderer
 from agentrl.errors import AuditError, ConfigError, TemplateError
-from agentrl.masking import Piece, build_columns
+from agentrl.masking import Piece, build_trajectory
 from agentrl.protocols import Generation
 from agentrl.tools import ToolCallParser, get_parser
 from agentrl.types import (
@@ -476,21 +476,20 @@ class Session:
             **dict(extra or {}),
         }
         if not segs:
-            empty = Trajectory(
+            meta = dataclasses.replace(
+                self.meta, episode_id=uuid.uuid4().hex, extra={**base_extra, "segment": 0}
+            )
+            empty = build_trajectory(
                 (),
-                (),
-                (),
-                (),
-                (),
+                messages=(),
+                meta=meta,
                 rewards=(reward,),
                 stop_reason=StopReason.TERMINATED,
                 terminated=True,
+                truncated=False,
                 errors=(
                     *session_errors,
                     EpisodeFailure("EmptySession", "the session made no model turn", -1, True),
-                ),
-                meta=dataclasses.replace(
-                    self.meta, episode_id=uuid.uuid4().hex, extra={**base_extra, "segment": 0}
                 ),
                 timings={**self.timings, "total": total},
             )
@@ -518,7 +517,6 @@ class Session:
         extra: dict[str, Any],
         total: float,
     ) -> Trajectory:
-        cols = build_columns(seg.pieces)
         last = seg.last
         assert last is not None
         stop, terminated, truncated = StopReason.TERMINATED, True, False
@@ -530,26 +528,18 @@ class Session:
         errors = [*seg.errors, *session_errors]
         if self.failure_stop is not None:
             stop = self.failure_stop
-        versions = seg.versions
-        if max(versions) != min(versions):
-            extra["policy_version_max"] = max(versions)
-        meta = dataclasses.replace(
-            self.meta, policy_version=min(versions), episode_id=uuid.uuid4().hex, extra=extra
-        )
-        traj = Trajectory(
-            token_ids=cols.token_ids,
-            loss_mask=cols.loss_mask,
-            logprobs=cols.logprobs,
-            segments=cols.segments,
-            messages=tuple(seg.messages),
-            tool_calls=tuple(seg.tool_records),
-            actions=tuple(seg.actions),
+        traj = build_trajectory(
+            seg.pieces,
+            messages=seg.messages,
+            meta=dataclasses.replace(self.meta, episode_id=uuid.uuid4().hex, extra=extra),
             rewards=(0.0,) * (seg.turns - 1) + (reward,),
+            stop_reason=stop,
             terminated=terminated,
             truncated=truncated,
-            stop_reason=stop,
-            errors=tuple(errors),
-            meta=meta,
+            versions=seg.versions,  # each turn's own version: the weights may change mid-session
+            tool_calls=seg.tool_records,
+            actions=seg.actions,
+            errors=errors,
             timings={**self.timings, "total": total},
             tokenizer=self.renderer.tokenizer_info,
         )

@@ -109,13 +109,13 @@ def recompute_run(
     cache: dict[int, tuple[Any, str]] = {}
 
     def pick(t: Trajectory) -> tuple[Any, str]:
-        v = t.meta.policy_version
+        v = t.min_policy_version
         if v not in cache:
             cache.clear()  # one model in memory at a time
             cache[v] = load_weights(run, v, device=device, dtype=dtype)
         return cache[v]
 
-    order = sorted(range(len(trajs)), key=lambda k: trajs[k].meta.policy_version)
+    order = sorted(range(len(trajs)), key=lambda k: trajs[k].min_policy_version)
     rep = _recompute_with(
         pick,
         [trajs[k] for k in order],
