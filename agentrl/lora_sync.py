@@ -75,7 +75,8 @@ def served_digest(policy: Any) -> str:
     if model is None or not hasattr(model, "state_dict"):
         raise PolicyError(
             f"{type(policy).__name__} does not expose the model it samples with, so the adapter it serves "
-            "cannot be checked; LoRA runs sample with the HF policy"
+            "cannot be checked (a sampler that keeps its adapter elsewhere, as vLLM does, reports it through "
+            "served_adapter(), which verify_served asks)"
         )
     if adapter_state(model) is None:
         raise PolicyError(f"{type(policy).__name__} samples with a model that has no LoRA adapter")
