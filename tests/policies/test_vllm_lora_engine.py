@@ -85,7 +85,7 @@ async def _exercise(policy: Any, renderer: Any, run: RunDir, label: str) -> None
     learner = apply_lora(load_model(smollm2_dir(), "float32", "cpu"), LORA, name="smollm2", seed=0).model
     learner.eval()
     prompt = renderer.render_prompt([Message("user", "What is 17 + 25? Answer with a number.")]).token_ids
-    s = Sampling(max_new_tokens=8, temperature=TEMPERATURE, seed=11)
+    s = Sampling(max_new_tokens=6, temperature=TEMPERATURE, seed=11)
     states: dict[int, dict[str, torch.Tensor]] = {}
     pushes = []
 
@@ -113,7 +113,7 @@ async def _exercise(policy: Any, renderer: Any, run: RunDir, label: str) -> None
 
     # A turn in flight on version 1 while versions 2 and 3 load: version 2 evicts 0; version 3 must wait for
     # the turn to end before it evicts 1. The turn records version 1 and its log-probs are version 1's.
-    long = Sampling(max_new_tokens=24, temperature=TEMPERATURE, seed=5)
+    long = Sampling(max_new_tokens=16, temperature=TEMPERATURE, seed=5)
     turn = asyncio.create_task(policy.generate(prompt, long))
     await asyncio.sleep(1.0)  # the request is running in the engine
     _step(learner, 2)
