@@ -8,12 +8,17 @@ the policy runs, not the message it was sent) and compared with the learner's: a
 :class:`~agentrl.errors.PolicyError` (an infrastructure failure, never data), and each sync is recorded as
 one :class:`AdapterSync` line in ``<run>/adapter_sync.jsonl``.
 
+A vLLM sampler (:mod:`agentrl.policies.vllm_lora`) holds its adapters in vLLM's workers, not in a model
+object here: it answers ``served_adapter()`` with the version it serves and the digest of the adapter its
+workers report, which :func:`verify_served` compares in the same way.
+
 The Ray runtime does the same check per inference server through the checksum each server reports of the
 tensors it holds (``trainers/distributed``), which with LoRA are the adapter's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -22,7 +27,15 @@ from agentrl.errors import PolicyError
 from agentrl.lora import adapter_digest, adapter_state
 from agentrl.run import RunDir
 
-__all__ = ["SYNC_FILE", "AdapterSync", "adapter_params", "check_served", "read_syncs", "served_digest"]
+__all__ = [
+    "SYNC_FILE",
+    "AdapterSync",
+    "adapter_params",
+    "check_served",
+    "read_syncs",
+    "served_digest",
+    "verify_served",
+]
 
 SYNC_FILE = "adapter_sync.jsonl"
 """One :class:`AdapterSync` per line, in the run directory."""
@@ -62,7 +75,8 @@ def served_digest(policy: Any) -> str:
     if model is None or not hasattr(model, "state_dict"):
         raise PolicyError(
             f"{type(policy).__name__} does not expose the model it samples with, so the adapter it serves "
-            "cannot be checked; LoRA runs sample with the HF policy"
+            "cannot be checked (a sampler that keeps its adapter elsewhere, as vLLM does, reports it through "
+            "served_adapter(), which verify_served asks)"
         )
     if adapter_state(model) is None:
         raise PolicyError(f"{type(policy).__name__} samples with a model that has no LoRA adapter")
@@ -78,12 +92,33 @@ def check_served(
     Raises:
         PolicyError: the sampler reports another version, or serves another adapter than the learner's.
     """
+    got = served_digest(policy)
+    return _record(run, learner_model, got, int(getattr(policy, "version", -1)), version, sampler)
+
+
+async def verify_served(
+    run: RunDir, policy: Any, learner_model: Any, version: int, sampler: str = "local"
+) -> AdapterSync:
+    """:func:`check_served` for any sampler: one that reports its adapter itself (``served_adapter()``, the
+    vLLM samplers, whose adapters live in vLLM's workers) is asked; the others are hashed in a thread.
+
+    Raises:
+        PolicyError: as :func:`check_served`.
+    """
+    report = getattr(policy, "served_adapter", None)
+    if report is None:
+        return await asyncio.to_thread(check_served, run, policy, learner_model, version, sampler)
+    served = await report()
+    return _record(run, learner_model, str(served.sha256), int(served.version), version, sampler)
+
+
+def _record(
+    run: RunDir, learner_model: Any, got: str, served_version: int, version: int, sampler: str
+) -> AdapterSync:
     learner = adapter_state(learner_model)
     if learner is None:
         raise PolicyError("check_served: the learner's model has no LoRA adapter")
     want = adapter_digest(learner)
-    got = served_digest(policy)
-    served_version = int(getattr(policy, "version", -1))
     if served_version != version or got != want:
         raise PolicyError(
             f"adapter sync to version {version} failed: the sampler serves version {served_version} with "

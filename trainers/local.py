@@ -16,7 +16,7 @@ from agentrl.heap import return_freed_memory, trim_heap  # the first re-exported
 from agentrl.learner import Learner
 from agentrl.learner.stability import StabilityState, begin_step, stability_at, stability_extra
 from agentrl.lora import Adapted, apply_lora
-from agentrl.lora_sync import adapter_params, check_served
+from agentrl.lora_sync import adapter_params, verify_served
 from agentrl.models import resolve_model
 from agentrl.policies import HFPolicy
 from agentrl.protocols import UpdatablePolicy
@@ -142,10 +142,10 @@ class LocalRuntime:
 
     async def publish(self, version: int) -> None:
         """The learner's weights to the sampler; with LoRA, the sampler's served adapter is then checked
-        against the learner's and recorded (:func:`agentrl.lora_sync.check_served`)."""
+        against the learner's and recorded (:func:`agentrl.lora_sync.verify_served`)."""
         await pg.publish_weights(self.policy, self.learner.model, version)
         if self.adapted is not None:
-            await asyncio.to_thread(check_served, self.run, self.policy, self.learner.model, version)
+            await verify_served(self.run, self.policy, self.learner.model, version)
 
     async def save_checkpoint(self, run: RunDir, step: int, *, keep: int) -> None:
         """Weights, optimizer, RNG and the learning-rate schedule's state after ``step`` steps."""
@@ -212,7 +212,7 @@ async def local_runtime(
             await connect()
         await pg.publish_weights(policy, loaded.model, start)
     if adapted is not None:
-        check_served(run, policy, loaded.model, start)  # the adapter the first episodes sample with
+        await verify_served(run, policy, loaded.model, start)  # what the first episodes sample with
     n = cfg.rollout.concurrency
     pool = SandboxPool(LocalSandbox, size=n, max_waiting=4 * n) if pg.needs_sandbox(cfg) else None
     async with pool or contextlib.nullcontext(), agent_runner(cfg, policy, renderer) as agent:

@@ -320,11 +320,8 @@ def make_policy(
     kind = cfg.policy
     if kind == "auto":
         kind = "vllm" if device.type == "cuda" and importlib.util.find_spec("vllm") is not None else "hf"
-        kind = "hf" if cfg.lora.enabled else kind
-    if cfg.lora.enabled and kind != "hf":
-        raise ConfigError(
-            f"--lora.rank > 0 samples with --policy hf for now (vLLM's LoRA path is not wired: {kind})"
-        )
+    # With LoRA, vLLM serves one adapter per live policy version (agentrl/policies/vllm_lora.py).
+    lora = cfg.lora if cfg.lora.enabled else None
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     if kind == "vllm-server":
         if not cfg.vllm_url:
@@ -337,6 +334,8 @@ def make_policy(
             stop_token_ids=renderer.stop_token_ids,
             tokenizer=tokenizer,
             version=version,
+            lora=lora,
+            max_live_adapters=cfg.max_staleness + 1,
         )
     if kind == "vllm":
         if cfg.max_staleness > 0:
@@ -354,6 +353,7 @@ def make_policy(
             version=version,
             gpu_memory_utilization=0.35,
             dtype=dtype,  # the learner's, or the weight checksums cannot agree
+            lora=lora,
         )
         return vllm_policy
     return HFPolicy(

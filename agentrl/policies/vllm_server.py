@@ -15,6 +15,12 @@ command, and ``python -m agentrl.policies.vllm_server`` runs it::
 ``logprobs_mode`` must be ``processed_logprobs`` (log-probs of the tempered distribution actually sampled,
 what the learner recomputes), and the model's ``generation_config.json`` must not supply hidden sampling
 defaults (``--generation-config vllm``).
+
+LoRA (``lora=``; the server started with ``server_command(..., lora_rank=R, max_loras=N)``, which adds
+``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``): each policy version's adapter is loaded
+through ``/v1/load_lora_adapter`` under its own name and sampled by naming it as the request's ``model``;
+the oldest is unloaded (``/v1/unload_lora_adapter``, and dropped from the workers' LoRA cache) once more
+than N are live and its turns have finished (:mod:`agentrl.policies.vllm_lora`).
 """
 
 from __future__ import annotations
@@ -25,10 +31,11 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import ConfigError, PolicyError
 from agentrl.policies.openai import OpenAIPolicy
+from agentrl.policies.vllm_lora import REMOVE_METHOD
 from agentrl.policies.vllm_weights import (
     UpdateGate,
     WeightPush,
@@ -38,9 +45,14 @@ from agentrl.policies.vllm_weights import (
 )
 from agentrl.protocols import Generation, Sampling, WeightUpdate
 
+if TYPE_CHECKING:
+    from agentrl.lora import LoraConfig
+    from agentrl.policies.vllm_lora import LiveAdapters, ServedAdapter
+
 __all__ = ["HTTPEngineControl", "VLLMServerPolicy", "server_command"]
 
 _WORKER_MODULE = "agentrl_vllm_worker"
+_LORA_ENV = "--enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (server_command(lora_rank=R))"
 
 
 def server_command(
@@ -55,6 +67,8 @@ def server_command(
     seed: int = 0,
     extension_dir: str | os.PathLike[str] | None = None,
     extra_args: Sequence[str] = (),
+    lora_rank: int = 0,
+    max_loras: int = 1,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that start ``vllm serve`` the way :class:`VLLMServerPolicy` needs it.
 
@@ -63,6 +77,8 @@ def server_command(
     given) as ``agentrl_vllm_worker`` and that folder alone goes on ``PYTHONPATH``: putting
     ``agentrl/policies`` itself there would shadow the ``vllm`` and ``openai`` packages with agentrl's
     modules of the same name. ``dtype`` should be the learner's, or the weight checksums cannot agree.
+    ``lora_rank`` > 0 serves LoRA adapters of that rank, ``max_loras`` at once (``--max-staleness`` + 1),
+    loaded at run time through ``/v1/load_lora_adapter``.
     """
     if not Path(model).is_dir():
         raise ConfigError(f"vllm serve needs a local model folder, got {str(model)!r}")
@@ -109,9 +125,14 @@ def server_command(
         "vllm",
         "--worker-extension-cls",
         f"{_WORKER_MODULE}.AgentRLWorkerExtension",
-        *extra_args,
     ]
-    return argv, env
+    if lora_rank > 0:
+        from agentrl.policies.vllm_lora import engine_lora_kwargs
+
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # the load/unload adapter routes
+        for k, v in engine_lora_kwargs(lora_rank, max_loras).items():
+            argv += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
+    return [*argv, *extra_args], env
 
 
 class HTTPEngineControl:
@@ -128,21 +149,40 @@ class HTTPEngineControl:
         self.root = root.rstrip("/")
         self.client: Any = client if client is not None else httpx.AsyncClient(timeout=timeout)
 
-    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+    async def _call(
+        self, method: str, path: str, *, env: str = "VLLM_SERVER_DEV_MODE=1", **kwargs: Any
+    ) -> Any:
         import httpx
 
         try:
             r = await self.client.request(method, self.root + path, **kwargs)
         except httpx.HTTPError as e:
             raise PolicyError(f"vLLM server {self.root}: {method} {path} failed: {e!r}") from e
-        if r.status_code == 404:
+        if r.status_code == 404 and "adapter" not in r.text:
             raise PolicyError(
-                f"vLLM server {self.root} has no {path} route: start it with VLLM_SERVER_DEV_MODE=1 "
+                f"vLLM server {self.root} has no {path} route: start it with {env} "
                 "(agentrl.policies.vllm_server.server_command does)"
             )
         if r.status_code >= 400:
             raise PolicyError(f"vLLM server {self.root}: {method} {path} -> {r.status_code}: {r.text[:500]}")
-        return r.json() if r.content else None
+        if not r.content:
+            return None
+        try:
+            return r.json()
+        except ValueError:  # the adapter routes answer in plain text
+            return r.text
+
+    async def add_adapter(self, name: str, lora_id: int, path: str) -> None:
+        """``POST /v1/load_lora_adapter``: the server loads the folder into its workers under ``name`` (it
+        picks the id itself)."""
+        body = {"lora_name": name, "lora_path": path}
+        await self._call("POST", "/v1/load_lora_adapter", json=body, env=_LORA_ENV)
+
+    async def remove_adapter(self, name: str, lora_id: int) -> None:
+        """``POST /v1/unload_lora_adapter``, then drop the tensors from every worker's LoRA cache (the route
+        only forgets the name)."""
+        await self._call("POST", "/v1/unload_lora_adapter", json={"lora_name": name}, env=_LORA_ENV)
+        await self.collective_rpc(REMOVE_METHOD, str(lora_id))
 
     async def collective_rpc(self, method: str, *args: str) -> list[Any]:
         """``POST /collective_rpc``; the extension's methods take and return strings."""
@@ -198,6 +238,10 @@ class VLLMServerPolicy:
         weights_dir: A folder both this process and the server read (default :func:`default_weights_dir`).
         version: The version the server's weights hold now.
         timeout: Seconds per generation request.
+        lora: The learner's LoRA settings: the server then gets adapters, one per version, instead of
+            whole weights (start it with ``server_command(lora_rank=...)``).
+        max_live_adapters: With ``lora``: adapter versions loaded at once (``--max-staleness`` + 1; at most
+            the server's ``--max-loras``).
     """
 
     def __init__(
@@ -210,6 +254,8 @@ class VLLMServerPolicy:
         weights_dir: str | os.PathLike[str] | None = None,
         version: int = 0,
         timeout: float = 600.0,
+        lora: LoraConfig | None = None,
+        max_live_adapters: int = 1,
     ):
         if not stop_token_ids:
             raise ConfigError("VLLMServerPolicy needs stop_token_ids (the renderer's)")
@@ -233,6 +279,9 @@ class VLLMServerPolicy:
         self.weights_dir = Path(weights_dir) if weights_dir is not None else default_weights_dir()
         self.last_push: WeightPush | None = None
         self._gate = UpdateGate()
+        self.lora = lora if lora is not None and lora.enabled else None
+        self.max_live_adapters = int(max_live_adapters)
+        self.adapters: LiveAdapters | None = None  # built by connect(), which reads the server's dtype
 
     @property
     def version(self) -> int:
@@ -270,13 +319,56 @@ class VLLMServerPolicy:
                 f"its worker extension is {ext!r}; start it with agentrl's (see server_command) to take "
                 "weight updates"
             )
+        if self.lora is not None:
+            lora_cfg = cfg.get("lora_config") or {}
+            if not lora_cfg:
+                problems.append(f"it serves no LoRA adapters; start it with {_LORA_ENV}")
+            elif int(lora_cfg.get("max_loras") or 0) < self.max_live_adapters:
+                problems.append(
+                    f"its --max-loras is {lora_cfg.get('max_loras')}, fewer than the "
+                    f"{self.max_live_adapters} adapter versions this run keeps live (--max-staleness + 1)"
+                )
+            elif int(lora_cfg.get("max_lora_rank") or 0) < self.lora.rank:
+                problems.append(f"its --max-lora-rank {lora_cfg.get('max_lora_rank')} < --lora.rank")
         if problems:
             raise ConfigError(f"vLLM server {self.url}: " + "; ".join(problems))
+        if self.lora is not None and self.adapters is None:
+            import torch
+
+            from agentrl.policies.vllm_lora import LiveAdapters
+
+            dtype = str(model_cfg.get("dtype") or "float32").removeprefix("torch.")
+            self.adapters = LiveAdapters(
+                self.engine,
+                max_live=self.max_live_adapters,
+                alpha=self.lora.alpha,
+                dtype=getattr(torch, dtype),  # the server keeps adapters in its model's dtype
+                weights_dir=self.weights_dir,
+            )
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
         """Sample one turn (see :meth:`OpenAIPolicy.generate`); waits while new weights load."""
         await self._gate.wait()
-        return await self.completions.generate(prompt_ids, sampling)
+        if self.lora is None:
+            return await self.completions.generate(prompt_ids, sampling)
+        version = self.version
+        async with self._live().use(version) as live:  # the turn keeps its version's adapter to the end
+            c = self.completions
+            client = OpenAIPolicy(
+                self.url + "/v1",
+                live.push.name,  # the adapter's name is the request's model
+                stop_token_ids=c.stop_token_ids,
+                tokenizer=c.tokenizer,
+                extra_body=c.extra_body,
+                version=version,
+                client=c.client,
+            )
+            return await client.generate(prompt_ids, sampling)
+
+    def _live(self) -> LiveAdapters:
+        if self.adapters is None:
+            raise PolicyError("a LoRA VLLMServerPolicy needs `await policy.connect()` before use")
+        return self.adapters
 
     async def load_weights(self, update: WeightUpdate) -> None:
         """Load ``update`` into the server and take its version (:class:`~agentrl.protocols.WeightSink`).
@@ -291,8 +383,17 @@ class VLLMServerPolicy:
         """
         async with self._gate.updating():
             update.check_after(self.version)
-            self.last_push = await push_weights(self.engine, update, self.weights_dir)
+            if self.lora is not None:
+                await self._live().push(update)  # one adapter per version; older turns keep theirs
+                await self.engine.set_weight_version(str(update.version))
+            else:
+                self.last_push = await push_weights(self.engine, update, self.weights_dir)
             self.completions.set_version(update.version)
+
+    async def served_adapter(self) -> ServedAdapter:
+        """The version new turns sample with and the digest of the adapter the server's workers hold for it
+        (:func:`agentrl.lora_sync.verify_served` checks it against the learner's after every sync)."""
+        return await self._live().served(self.version)
 
     async def weights_checksum(self) -> str | None:
         """The checksum the server's workers report for the weights they loaded last (None before any
@@ -322,6 +423,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--served-model-name", default="agentrl")
     ap.add_argument("--dtype", default="float32", help="the learner's dtype (float32 on CPU)")
     ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--lora-rank", type=int, default=0, help="serve LoRA adapters of this rank (0: off)")
+    ap.add_argument("--max-loras", type=int, default=1, help="adapters loaded at once (--max-staleness + 1)")
     ap.add_argument("vllm_args", nargs="*", help="more vLLM flags, after --")
     ns = ap.parse_args(argv)
     folder = model_folder(ns.model)
@@ -336,6 +439,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         dtype=ns.dtype,
         max_model_len=ns.max_model_len,
         extra_args=ns.vllm_args,
+        lora_rank=ns.lora_rank,
+        max_loras=ns.max_loras,
     )
     print(" ".join(cmd), file=sys.stderr, flush=True)
     os.execve(cmd[0], cmd, env)

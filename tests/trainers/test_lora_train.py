@@ -216,11 +216,15 @@ def test_the_cli_trains_lora_asynchronously_with_a_real_hf_sampler_of_its_own(tm
     assert json.loads((out / "config.json").read_text())["lora"]["rank"] == 4
 
 
-def test_lora_with_a_vllm_sampler_is_refused_until_that_path_is_wired(tok):
+def test_lora_with_a_vllm_server_sampler_serves_one_adapter_per_live_version(tok):
     from agentrl.chat import ChatRenderer
-    from agentrl.errors import ConfigError
+    from agentrl.policies import VLLMServerPolicy
     from agentrl.trainers.train_setup import make_policy
 
-    cfg = TrainConfig(model="tiny", lora=LORA, policy="vllm-server", vllm_url="http://127.0.0.1:1")
-    with pytest.raises(ConfigError, match="samples with --policy hf"):
-        make_policy(cfg, None, tok, ChatRenderer(tok), torch.device("cpu"), version=0)
+    cfg = TrainConfig(
+        model="tiny", lora=LORA, policy="vllm-server", vllm_url="http://127.0.0.1:1", max_staleness=2
+    )
+    model = tiny_model(tok, seed=0)
+    policy = make_policy(cfg, model, tok, ChatRenderer(tok), torch.device("cpu"), version=0)
+    assert isinstance(policy, VLLMServerPolicy)
+    assert policy.lora == LORA and policy.max_live_adapters == 3  # --max-staleness + 1
