@@ -6,7 +6,8 @@ import pytest
 
 from agentrl.errors import ConfigError
 from agentrl.trainers.cli import main as cli_main
-from agentrl.trainers.pg import TrainConfig, open_runtime, prepare_run
+from agentrl.trainers.pg import TrainConfig, open_runtime
+from agentrl.trainers.train_setup import prepare_run
 
 
 def test_ray_settings_need_ray(capsys):

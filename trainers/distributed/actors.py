@@ -23,15 +23,19 @@ import os
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.chat import ChatRenderer
 from agentrl.episode import run_episode
 from agentrl.errors import ConfigError, PolicyError
 from agentrl.protocols import Generation, Sampling, UpdatablePolicy, WeightSink, WeightUpdate
+from agentrl.rollout import schedule_groups
 from agentrl.trainers.distributed.weights import WeightRef, WeightTransport
 from agentrl.types import StopReason, Trajectory, TrajectoryMeta
 from agentrl.weights import weights_checksum
+
+if TYPE_CHECKING:
+    from agentrl.trainers.train_setup import TrainConfig
 
 __all__ = [
     "GroupLease",
@@ -40,27 +44,32 @@ __all__ = [
     "LoadBalancer",
     "PolicyFactory",
     "RolloutWorker",
+    "ServerPolicy",
     "ServerState",
     "hf_policy_factory",
 ]
 
-PolicyFactory = Callable[[Any, int], UpdatablePolicy]
+PolicyFactory = Callable[["TrainConfig", int], UpdatablePolicy]
 """``factory(train_config, version) -> UpdatablePolicy``: builds the sampler inside a server process."""
 
 
-def hf_policy_factory(cfg: Any, version: int) -> UpdatablePolicy:
+def hf_policy_factory(cfg: TrainConfig, version: int) -> UpdatablePolicy:
     """The sampler ``agentrl train`` would use in one process (HF on CPU/GPU, or vLLM with
     ``--policy vllm``), built from the run's model spec."""
     from agentrl.models import resolve_model
-    from agentrl.trainers import train_setup as pg
+    from agentrl.trainers import train_setup
 
-    loaded = resolve_model(pg.sampler_spec(cfg))  # the sampler's dtype (bf16 on CUDA), not the master's
+    loaded = resolve_model(
+        train_setup.sampler_spec(cfg)
+    )  # the sampler's dtype (bf16 on CUDA), not the master's
     if cfg.lora.enabled:  # the same seeded adapters as the learner's; syncs then replace only them
         from agentrl.lora import apply_lora
 
         apply_lora(loaded.model, cfg.lora, name=cfg.model, seed=cfg.seed)
     renderer = ChatRenderer(loaded.tokenizer)
-    return pg.make_policy(cfg, loaded.model, loaded.tokenizer, renderer, loaded.device, version=version)
+    return train_setup.make_policy(
+        cfg, loaded.model, loaded.tokenizer, renderer, loaded.device, version=version
+    )
 
 
 def _node() -> str:
@@ -92,7 +101,9 @@ class ServerState:
 class InferenceServer:
     """One inference server: an :class:`~agentrl.protocols.UpdatablePolicy` behind Ray calls."""
 
-    def __init__(self, name: str, factory: PolicyFactory, cfg: Any, broker: Any, transport: WeightTransport):
+    def __init__(
+        self, name: str, factory: PolicyFactory, cfg: TrainConfig, broker: Any, transport: WeightTransport
+    ):
         policy = factory(cfg, 0)
         if not isinstance(policy, WeightSink):
             raise ConfigError(
@@ -164,7 +175,7 @@ class LoadBalancer:
         return list(self.in_flight)
 
 
-class _ServerPolicy:
+class ServerPolicy:
     """The :class:`~agentrl.protocols.Policy` one episode sees: every turn goes to one server (sticky). When
     that server dies or is restarting, the turn fails over to the least-loaded other server (the same one
     after a pause when it is the only one), a few times at most."""
@@ -179,13 +190,16 @@ class _ServerPolicy:
 
     @property
     def name(self) -> str:
+        """The server the episode is on now (``server-<k>``)."""
         return f"server-{self.index}"
 
     @property
     def version(self) -> int:
+        """The weights version of the last turn sampled."""
         return self._version
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        """One turn on the episode's server (failing over when it died)."""
         from ray.exceptions import RayActorError
 
         while True:
@@ -239,7 +253,7 @@ class RolloutWorker:
     def __init__(
         self,
         name: str,
-        cfg: Any,
+        cfg: TrainConfig,
         servers: Sequence[Any],
         balancer: Any,
         setup: Callable[[], None] | None = None,
@@ -261,12 +275,12 @@ class RolloutWorker:
     async def _env_factory(self) -> Callable[[], Any]:
         if self._make_env is None:
             from agentrl.sandbox import LocalSandbox, SandboxPool
-            from agentrl.trainers import train_setup as pg
+            from agentrl.trainers import train_setup
 
             conc = self.cfg.rollout.concurrency
-            if pg.needs_sandbox(self.cfg):  # as in the local runtime: none for envs that run no code
+            if train_setup.needs_sandbox(self.cfg):  # as in the local runtime: none for envs that run no code
                 self._pool = await SandboxPool(LocalSandbox, size=conc, max_waiting=4 * conc).__aenter__()
-            self._make_env = pg._env_factory(self.cfg, self._pool)
+            self._make_env = train_setup.env_factory(self.cfg, self._pool)
         return self._make_env
 
     async def close(self) -> None:
@@ -279,35 +293,41 @@ class RolloutWorker:
         return self.node
 
     async def run_group(self, lease: GroupLease) -> GroupResult:
-        """Run every member of ``lease`` concurrently and return the group."""
+        """Run every member of ``lease`` (the one scheduler, :func:`agentrl.rollout.schedule_groups`, under
+        this worker's episode limit) and return the group."""
         make_env = await self._env_factory()
-        finished: list[Trajectory] = []
 
-        async def member(m: int) -> None:
-            async with self._limit:
-                finished.append(await self._episode(make_env, lease, m))
+        async def episode(seed: int, member: int, meta: TrajectoryMeta) -> tuple[Trajectory]:
+            return (await self._episode(make_env, seed, member, meta),)
 
-        await asyncio.gather(*(member(m) for m in range(lease.group_size)))
-        return GroupResult(lease, tuple(finished), self.name)
-
-    async def _episode(self, make_env: Callable[[], Any], lease: GroupLease, member: int) -> Trajectory:
-        meta = dataclasses.replace(
-            lease.meta,
-            seed=lease.seed,
-            task_id=f"{lease.meta.env_id}:{lease.seed}",
-            group_id=lease.group_id,
-            episode_id=f"{lease.group_id}-m{member}",
+        events = schedule_groups(
+            episode,
+            env_id=lease.meta.env_id or str(self.cfg.env),
+            seeds=(lease.seed,),
+            group_size=lease.group_size,
+            meta=dataclasses.replace(lease.meta, group_id=lease.group_id),
+            concurrency=self.cfg.rollout.concurrency,
+            limit=self._limit,
         )
+        finished = tuple([done.trajectory async for done in events])
+        return GroupResult(lease, finished, self.name)
+
+    async def _episode(
+        self, make_env: Callable[[], Any], seed: int, member: int, group: TrajectoryMeta
+    ) -> Trajectory:
+        """One episode on the inference servers: sticky to the server the balancer gives it, started over on
+        another (a few times at most) when its server was lost."""
+        meta = dataclasses.replace(group, episode_id=f"{group.group_id}-m{member}")
         from agentrl.trainers.train_setup import rollout_config
 
         rollout = rollout_config(self.cfg, int(meta.step or 0))  # the step's seed, as single-process
         for attempt in range(self.episode_retries + 1):
             index: int = await self.balancer.acquire.remote()
-            policy = _ServerPolicy(self.servers, self.balancer, index)
+            policy = ServerPolicy(self.servers, self.balancer, index)
             env = make_env()
             try:
                 traj = await run_episode(
-                    env, policy, self.renderer, rollout, seed=lease.seed, meta=meta, member=member
+                    env, policy, self.renderer, rollout, seed=seed, meta=meta, member=member
                 )
             finally:
                 await env.close()
