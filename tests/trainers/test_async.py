@@ -216,8 +216,6 @@ def test_bad_async_settings_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="Σπ²"):
         _cfg(tmp_path, "x", max_staleness=1, correction=Correction(mode="bypass"))
     _cfg(tmp_path, "x", max_staleness=1, estimator=GRPO(), correction=Correction(mode="bypass"))
-    with pytest.raises(ConfigError, match="agent"):
-        _cfg(tmp_path, "x", max_staleness=1, agent="examples/agent.py:run")
 
 
 def test_drop_mode_drops_stragglers_within_the_bound(tmp_path, tok):
