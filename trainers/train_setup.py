@@ -227,10 +227,6 @@ class TrainConfig:
                 raise ConfigError(
                     f"{', '.join(flags)} only apply with --ray (local, auto or ray://host:port)"
                 )
-        elif self.agent is not None:
-            raise ConfigError(
-                "--agent runs its gateway in this process; it cannot be combined with --ray yet"
-            )
         if (
             isinstance(self.max_staleness, bool)
             or not isinstance(self.max_staleness, int)

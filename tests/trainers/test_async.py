@@ -85,11 +85,39 @@ KEYS = (
 
 
 SYNC_EPISODES = "5f37fc0056387bd9a82295843ec4d8a8bb44bca29b0090fda94a0a82ebd2f665"
-SYNC_ROWS = [
-    {"learn/loss": -0.09999971836805344, "learn/pg_loss": -0.09999971836805344, "learn/grad_norm": 0.613396942615509, "learn/adv_mean": 0.09999974071979523, "learn/adv_abs_mean": 0.333333283662796, "reward/mean": 0.8333333333333334},
-    {"learn/loss": -0.07143110781908035, "learn/pg_loss": -0.07143110781908035, "learn/grad_norm": 0.7333990335464478, "learn/adv_mean": 0.07143110781908035, "learn/adv_abs_mean": 0.16666580736637115, "reward/mean": 0.6666666666666666},
-    {"learn/loss": -0.14286115765571594, "learn/pg_loss": -0.14286115765571594, "learn/grad_norm": 0.7651872038841248, "learn/adv_mean": 0.14286115765571594, "learn/adv_abs_mean": 0.42857274413108826, "reward/mean": 0.8333333333333334},
-    {"learn/loss": -6.903894245624542e-06, "learn/pg_loss": -6.903894245624542e-06, "learn/grad_norm": 0.4119412302970886, "learn/adv_mean": 6.8951735556765925e-06, "learn/adv_abs_mean": 0.21212349832057953, "reward/mean": 0.8333333333333334},
+SYNC_ROWS = [  # the values of KEYS, step by step
+    (
+        -0.09999971836805344,
+        -0.09999971836805344,
+        0.613396942615509,
+        0.09999974071979523,
+        0.333333283662796,
+        0.8333333333333334,
+    ),
+    (
+        -0.07143110781908035,
+        -0.07143110781908035,
+        0.7333990335464478,
+        0.07143110781908035,
+        0.16666580736637115,
+        0.6666666666666666,
+    ),
+    (
+        -0.14286115765571594,
+        -0.14286115765571594,
+        0.7651872038841248,
+        0.14286115765571594,
+        0.42857274413108826,
+        0.8333333333333334,
+    ),
+    (
+        -6.903894245624542e-06,
+        -6.903894245624542e-06,
+        0.4119412302970886,
+        6.8951735556765925e-06,
+        0.21212349832057953,
+        0.8333333333333334,
+    ),
 ]
 """What the synchronous trainer (``_train_step``, before the two loops became one: commit 18df0aa) recorded
 for ``_cfg(tmp_path, "sync")``: sha256 of its episodes (step, task, tokens, rewards; sorted) and its metrics.
@@ -105,7 +133,7 @@ def test_s0_is_the_synchronous_trainer(tmp_path, tok):
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     for row, pinned in zip(rows, SYNC_ROWS, strict=True):
-        assert {k: row[k] for k in KEYS} == pytest.approx(pinned, rel=1e-5, abs=1e-7), row["step"]
+        assert [row[k] for k in KEYS] == pytest.approx(list(pinned), rel=1e-5, abs=1e-7), row["step"]
         # A synchronous run's lines keep the keys they always had: no async/* keys, no generate time.
         assert not [k for k in row if k.startswith("async/")] and "time/generate_s" not in row
         assert row["staleness/max"] == 0.0

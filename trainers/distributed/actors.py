@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from agentrl.trainers.train_setup import TrainConfig
 
 __all__ = [
+    "BalancedServerPolicy",
     "GroupLease",
     "GroupResult",
     "InferenceServer",
@@ -219,6 +220,41 @@ class ServerPolicy:
         return gen
 
 
+class BalancedServerPolicy:
+    """The :class:`~agentrl.protocols.Policy` of a rollout worker's gateway (``--agent`` on Ray): the gateway
+    shares one policy among its sessions, so each turn goes to the server with the fewest episodes in flight
+    (a session's turns may land on different servers, all holding the same weights version between syncs).
+    A server that died is skipped for another, a few times at most."""
+
+    def __init__(self, servers: Sequence[Any], balancer: Any, failovers: int = 3):
+        self.servers, self.balancer, self.max_failovers = servers, balancer, failovers
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        """The weights version of the last turn sampled."""
+        return self._version
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        """One turn on the least-loaded server."""
+        from ray.exceptions import RayActorError
+
+        for attempt in range(self.max_failovers + 1):
+            index: int = await self.balancer.acquire.remote()
+            try:
+                gen: Generation = await self.servers[index].generate.remote(tuple(prompt_ids), sampling)
+            except RayActorError as e:
+                if attempt == self.max_failovers:
+                    raise PolicyError(f"no inference server answered (server-{index} died: {e})") from e
+                await asyncio.sleep(0.5 * (attempt + 1))  # a restarting server needs a moment
+                continue
+            finally:
+                self.balancer.release.remote(index)
+            self._version = gen.policy_version
+            return gen
+        raise AssertionError("unreachable: the loop returns or raises")
+
+
 @dataclass(frozen=True)
 class GroupLease:
     """One group as the controller hands it to a worker."""
@@ -270,6 +306,9 @@ class RolloutWorker:
         self.pool_id = f"{name}@{self.node}/pid{os.getpid()}"
         self._pool: Any = None
         self._make_env: Callable[[], Any] | None = None
+        self._agent: Any = None
+        """``--agent``: the worker's :class:`~agentrl.trainers.gateway.agent_rollout.AgentRunner`, its gateway
+        in front of the inference servers (started on the first group)."""
         self._limit = asyncio.Semaphore(cfg.rollout.concurrency)
 
     async def _env_factory(self) -> Callable[[], Any]:
@@ -283,10 +322,33 @@ class RolloutWorker:
             self._make_env = train_setup.env_factory(self.cfg, self._pool)
         return self._make_env
 
+    async def _agent_runner(self) -> Any:
+        if self._agent is None:
+            from agentrl.trainers.gateway import Gateway
+            from agentrl.trainers.gateway.agent_rollout import (
+                AgentRunner,
+                gateway_config,
+                load_agent,
+                task_source,
+            )
+
+            cfg = self.cfg
+            assert cfg.agent is not None
+            tasks = task_source(cfg.env, cfg.env_kwargs)
+            policy = BalancedServerPolicy(self.servers, self.balancer)
+            gateway = Gateway(policy, self.renderer, gateway_config(cfg, tasks), auto_sessions=False)
+            await gateway.__aenter__()
+            self._agent = AgentRunner(
+                load_agent(cfg.agent), tasks, gateway, concurrency=cfg.rollout.concurrency
+            )
+        return self._agent
+
     async def close(self) -> None:
-        """Close the sandbox pool."""
+        """Close the sandbox pool and the gateway."""
         if self._pool is not None:
             await self._pool.close()
+        if self._agent is not None:
+            await self._agent.gateway.__aexit__(None, None, None)
 
     def where(self) -> str:
         """The node this worker runs on."""
@@ -295,14 +357,26 @@ class RolloutWorker:
     async def run_group(self, lease: GroupLease) -> GroupResult:
         """Run every member of ``lease`` (the one scheduler, :func:`agentrl.rollout.schedule_groups`, under
         this worker's episode limit) and return the group."""
-        make_env = await self._env_factory()
+        env_id = lease.meta.env_id or str(self.cfg.env)
+        if self.cfg.agent is not None:  # a gateway session per episode, the agent run in this worker
+            runner = await self._agent_runner()
+            sessions = runner.episodes(lease.group_size)
+            env_id = runner.tasks.name
+            where = {"worker": self.name, "server": "balanced", "node": self.node}
 
-        async def episode(seed: int, member: int, meta: TrajectoryMeta) -> tuple[Trajectory]:
-            return (await self._episode(make_env, seed, member, meta),)
+            async def episode(seed: int, member: int, meta: TrajectoryMeta) -> tuple[Trajectory, ...]:
+                trajs = await sessions(seed, member, meta)
+                return tuple(_stamped(t, where) for t in trajs)
+
+        else:
+            make_env = await self._env_factory()
+
+            async def episode(seed: int, member: int, meta: TrajectoryMeta) -> tuple[Trajectory, ...]:
+                return (await self._episode(make_env, seed, member, meta),)
 
         events = schedule_groups(
             episode,
-            env_id=lease.meta.env_id or str(self.cfg.env),
+            env_id=env_id,
             seeds=(lease.seed,),
             group_size=lease.group_size,
             meta=dataclasses.replace(lease.meta, group_id=lease.group_id),
@@ -347,6 +421,11 @@ class RolloutWorker:
             provenance["episode_attempts"] = str(attempt + 1)
         if policy.failovers:
             provenance["server_failovers"] = str(policy.failovers)
-        return dataclasses.replace(
-            traj, meta=dataclasses.replace(traj.meta, extra={**traj.meta.extra, **provenance})
-        )
+        return _stamped(traj, provenance)
+
+
+def _stamped(traj: Trajectory, provenance: dict[str, str]) -> Trajectory:
+    """``traj`` with who produced it (worker, server, node, ...) in its meta."""
+    return dataclasses.replace(
+        traj, meta=dataclasses.replace(traj.meta, extra={**traj.meta.extra, **provenance})
+    )

@@ -29,7 +29,7 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import agentrl
 from agentrl.chat import ChatRenderer
@@ -42,6 +42,9 @@ from agentrl.types import Trajectory, TrajectoryMeta
 from .server import Gateway
 from .session import GatewayConfig
 
+if TYPE_CHECKING:
+    from agentrl.trainers.train_setup import TrainConfig
+
 __all__ = [
     "AgentFn",
     "AgentRunner",
@@ -50,6 +53,7 @@ __all__ = [
     "JsonlTasks",
     "TaskSource",
     "agent_runner",
+    "gateway_config",
     "load_agent",
     "task_source",
 ]
@@ -285,19 +289,10 @@ class AgentRunner:
         )
 
 
-@contextlib.asynccontextmanager
-async def agent_runner(cfg: Any, policy: Policy, renderer: ChatRenderer) -> AsyncIterator[AgentRunner | None]:
-    """For the trainer: an :class:`AgentRunner` with its gateway running when ``cfg.agent`` is set, else None.
-
-    ``cfg`` is a :class:`~agentrl.trainers.pg.TrainConfig`; its ``env`` is the task source and its
-    ``rollout`` settings become the gateway's limits and (fixed) temperature.
-    """
-    if getattr(cfg, "agent", None) is None:
-        yield None
-        return
-    agent = load_agent(cfg.agent)
-    tasks = task_source(cfg.env, cfg.env_kwargs)
-    config = GatewayConfig(
+def gateway_config(cfg: TrainConfig, tasks: TaskSource) -> GatewayConfig:
+    """The trainer's gateway settings: ``cfg.rollout``'s limits and (fixed) temperature, the task source's
+    tool-call parser."""
+    return GatewayConfig(
         model_name=str(cfg.model),
         parser=tasks.parser,
         max_new_tokens=cfg.rollout.max_new_tokens,
@@ -305,5 +300,20 @@ async def agent_runner(cfg: Any, policy: Policy, renderer: ChatRenderer) -> Asyn
         max_turns=cfg.rollout.max_turns,
         temperature=cfg.rollout.temperature,
     )
-    async with Gateway(policy, renderer, config, auto_sessions=False) as gateway:
+
+
+@contextlib.asynccontextmanager
+async def agent_runner(
+    cfg: TrainConfig, policy: Policy, renderer: ChatRenderer
+) -> AsyncIterator[AgentRunner | None]:
+    """For the trainer: an :class:`AgentRunner` with its gateway running in front of ``policy`` when
+    ``cfg.agent`` is set, else None. ``cfg.env`` is the task source. Under ``--ray`` each rollout worker
+    runs one in front of the inference servers (:class:`~agentrl.trainers.distributed.actors.RolloutWorker`).
+    """
+    if cfg.agent is None:
+        yield None
+        return
+    agent = load_agent(cfg.agent)
+    tasks = task_source(cfg.env, cfg.env_kwargs)
+    async with Gateway(policy, renderer, gateway_config(cfg, tasks), auto_sessions=False) as gateway:
         yield AgentRunner(agent, tasks, gateway, concurrency=cfg.rollout.concurrency)
