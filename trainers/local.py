@@ -78,7 +78,10 @@ class LocalRuntime:
     ) -> AsyncIterator[EpisodeDone]:
         """The step's groups, from the env scheduler or (with --agent) the agent through the gateway."""
         if self.agent is not None:
-            return self.agent.run_groups(seeds=seeds, group_size=group_size, meta=meta, limit=self.limit)
+            events: AsyncIterator[EpisodeDone] = self.agent.run_groups(
+                seeds=seeds, group_size=group_size, meta=meta, limit=self.limit
+            )
+            return events
         assert self.make_env is not None
         return run_groups(
             self.make_env,

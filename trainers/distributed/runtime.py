@@ -506,6 +506,8 @@ async def ray_runtime(
     """Connect to Ray (``cfg.ray``), start the actors, yield the runtime; stop them on exit."""
     opts = options or RayOptions()
     ray = require_ray()
+    if cfg.ray is None:
+        raise ConfigError("the Ray runtime needs --ray (local, auto, ray://host:port or a head's host:port)")
     started = connect(cfg.ray, cfg, opts)
     rt = RayRuntime(ray, cfg, run, opts)
     try:
