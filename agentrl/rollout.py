@@ -6,6 +6,9 @@
   :class:`EpisodeDone` for every episode the moment it finishes (so a caller can store it at once: a crash
   loses nothing); the event of the episode that completes its group also carries the whole group (so a
   trainer can assign credit group by group). One stream, one code path, both granularities.
+* :func:`schedule_groups` is the scheduler under :func:`run_groups`, for any :data:`EpisodeFn` (what runs one
+  episode: a native env episode, a gateway session, a Ray worker's episode on its inference servers), with an
+  episode limit a caller may share between calls.
 * :func:`collect` drives :func:`run_groups` into a store and returns the groups.
 
 One episode is :func:`agentrl.episode.run_episode`; its settings are :class:`~agentrl.episode.RolloutConfig`
@@ -15,9 +18,10 @@ One episode is :func:`agentrl.episode.run_episode`; its settings are :class:`~ag
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from agentrl.chat import ChatRenderer
@@ -31,11 +35,16 @@ from agentrl.types import Trajectory, TrajectoryMeta
 __all__ = [
     "EnvSource",
     "EpisodeDone",
+    "EpisodeFn",
     "RolloutConfig",
     "collect",
+    "env_episodes",
+    "group_meta",
     "run_episode",
     "run_group",
     "run_groups",
+    "schedule_groups",
+    "task_id",
 ]
 
 EnvSource = str | Callable[[], Env]
@@ -70,39 +79,73 @@ def _check_group_size(group_size: object) -> int:
     return group_size
 
 
+def task_id(env_id: str, seed: int) -> str:
+    """The id of the task of ``seed`` in ``env_id`` (``"<env id>:<seed>"``), shared by a group's members: the
+    one place it is built (the trainer's resume matches groups on disk by it)."""
+    return f"{env_id or 'env'}:{seed}"
+
+
+def group_meta(base: TrajectoryMeta | None, env_id: str, seed: int) -> TrajectoryMeta:
+    """The identity every member of the group of ``seed`` shares: ``base`` (its fields win when set) with
+    the env id, the seed, :func:`task_id` and a fresh group id."""
+    m = base or TrajectoryMeta()
+    env = m.env_id or env_id
+    return dataclasses.replace(
+        m,
+        env_id=env,
+        seed=m.seed if m.seed is not None else seed,
+        task_id=m.task_id or task_id(env, seed),
+        group_id=m.group_id or uuid.uuid4().hex,
+    )
+
+
+EpisodeFn = Callable[[int, int, TrajectoryMeta], Awaitable[Sequence[Trajectory]]]
+"""What runs one episode for :func:`schedule_groups`: ``(task seed, member index, the group's meta) ->`` the
+episode's trajectories (one for an env episode; a gateway session the agent split may give several). Infra
+failures inside the episode are its trajectories' business; what it raises stops the whole schedule."""
+
+
+def env_episodes(
+    env: EnvSource, policy: Policy, renderer: ChatRenderer, config: RolloutConfig | None = None
+) -> tuple[EpisodeFn, str]:
+    """``(episode, env id)``: the :data:`EpisodeFn` of a native env, each episode in a fresh env (closed
+    afterwards) run by :func:`~agentrl.episode.run_episode`."""
+    factory, env_id = _env_factory(env)
+    cfg = config or RolloutConfig()
+
+    async def episode(seed: int, member: int, meta: TrajectoryMeta) -> tuple[Trajectory]:
+        e = factory()
+        try:
+            return (await run_episode(e, policy, renderer, cfg, seed=seed, meta=meta, member=member),)
+        finally:
+            await e.close()
+
+    return episode, env_id
+
+
 async def _run_group(
-    factory: Callable[[], Env],
-    env_id: str,
-    policy: Policy,
-    renderer: ChatRenderer,
-    cfg: RolloutConfig,
+    episode: EpisodeFn,
+    meta: TrajectoryMeta,
     *,
     group_size: int,
     seed: int,
-    meta: TrajectoryMeta | None,
     limit: asyncio.Semaphore,
     emit: Callable[[EpisodeDone], None],
 ) -> None:
-    """The one group runner: every member in its own env, ``emit`` told of each as it finishes (the last
-    one with the whole group)."""
-    base = meta or TrajectoryMeta()
-    base = dataclasses.replace(
-        base,
-        env_id=base.env_id or env_id,
-        task_id=base.task_id or f"{base.env_id or env_id or 'env'}:{seed}",
-        group_id=base.group_id or uuid.uuid4().hex,
-    )
+    """The one group runner: every member an episode under ``limit``, ``emit`` told of each trajectory as
+    its episode finishes (the last one with the whole group)."""
     finished: list[Trajectory] = []
+    left = group_size
 
     async def one(member: int) -> None:
+        nonlocal left
         async with limit:
-            e = factory()
-            try:
-                traj = await run_episode(e, policy, renderer, cfg, seed=seed, meta=base, member=member)
-            finally:
-                await e.close()
-        finished.append(traj)
-        emit(EpisodeDone(traj, TrajectoryGroup(tuple(finished)) if len(finished) == group_size else None))
+            trajs = await episode(seed, member, meta)
+        finished.extend(trajs)
+        left -= 1
+        for i, t in enumerate(trajs):
+            last = left == 0 and i == len(trajs) - 1
+            emit(EpisodeDone(t, TrajectoryGroup(tuple(finished)) if last else None))
 
     tasks = [asyncio.ensure_future(one(m)) for m in range(group_size)]
     try:
@@ -151,13 +194,16 @@ async def run_groups(
     seeds: Iterable[int],
     group_size: int,
     meta: TrajectoryMeta | None = None,
+    limit: asyncio.Semaphore | None = None,
 ) -> AsyncIterator[EpisodeDone]:
-    """Run one group per seed, many at once; yield an :class:`EpisodeDone` as each episode finishes.
+    """Run one group per seed of ``env``, many at once; yield an :class:`EpisodeDone` per finished episode.
 
-    At most ``config.concurrency`` episodes run at a time. Groups start lazily (enough to keep
-    ``concurrency`` episodes busy, plus one waiting in line), so ``seeds`` may be an endless iterator.
-    A ``TemplateError`` (``on_template_mismatch="raise"``) surfaces at once; closing the iterator early
-    cancels the running episodes and closes their envs.
+    At most ``config.concurrency`` episodes run at a time (or as many as ``limit`` lets through: a trainer
+    shares one limit between every group in flight). Groups start lazily (enough to keep ``concurrency``
+    episodes busy, plus one waiting in line), so ``seeds`` may be an endless iterator. A ``TemplateError``
+    (``on_template_mismatch="raise"``) surfaces at once; closing the iterator early cancels the running
+    episodes and closes their envs. The members of a group share ``meta.group_id`` (a new id when empty)
+    and ``task_id`` (:func:`task_id` when empty).
 
     Example::
 
@@ -168,23 +214,50 @@ async def run_groups(
     """
     _check_group_size(group_size)
     cfg = config or RolloutConfig()
-    factory, env_id = _env_factory(env)
+    episode, env_id = env_episodes(env, policy, renderer, cfg)
+    events = schedule_groups(
+        episode,
+        env_id=env_id,
+        seeds=seeds,
+        group_size=group_size,
+        meta=meta,
+        concurrency=cfg.concurrency,
+        limit=limit,
+    )
+    async with contextlib.aclosing(events):  # closing this iterator early closes the scheduler now
+        async for done in events:
+            yield done
+
+
+async def schedule_groups(
+    episode: EpisodeFn,
+    *,
+    env_id: str,
+    seeds: Iterable[int],
+    group_size: int,
+    meta: TrajectoryMeta | None,
+    concurrency: int,
+    limit: asyncio.Semaphore | None = None,
+) -> AsyncGenerator[EpisodeDone, None]:
+    """The one scheduler: ``group_size`` runs of ``episode`` per seed, at most ``concurrency`` at a time (or
+    what the shared ``limit`` allows), yielding an :class:`EpisodeDone` per trajectory as its episode ends
+    (the group's last carries the group). ``episode`` is a native env episode (:func:`env_episodes`), a
+    gateway session (``agentrl train --agent``) or a Ray worker's episode on its inference servers."""
+    _check_group_size(group_size)
+    if not isinstance(concurrency, int) or concurrency < 1:
+        raise ConfigError(f"concurrency must be a positive int, got {concurrency!r}")
     queue: asyncio.Queue[EpisodeDone | BaseException | None] = asyncio.Queue()
-    limit = asyncio.Semaphore(cfg.concurrency)
-    slots = asyncio.Semaphore(max(1, -(-cfg.concurrency // group_size)) + 1)
+    sem = limit if limit is not None else asyncio.Semaphore(concurrency)
+    slots = asyncio.Semaphore(max(1, -(-concurrency // group_size)) + 1)
 
     async def group(seed: int) -> None:
         try:
             await _run_group(
-                factory,
-                env_id,
-                policy,
-                renderer,
-                cfg,
+                episode,
+                group_meta(meta, env_id, seed),
                 group_size=group_size,
                 seed=seed,
-                meta=meta,
-                limit=limit,
+                limit=sem,
                 emit=queue.put_nowait,
             )
         except asyncio.CancelledError:

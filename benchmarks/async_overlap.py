@@ -1,7 +1,7 @@
 """Asynchronous overlap: wall time per training step with --max-staleness S = 0, 1, 2, side by side.
 
-The real trainer (``agentrl.trainers.pg.train``: the synchronous loop for S = 0, the asynchronous loop of
-``trainers/async_loop.py`` for S >= 1) with sleep-bound generation and a learner step of similar duration,
+The real trainer (``agentrl.trainers.pg.train``: the one loop of ``trainers/loop.py``, in lock step at S = 0,
+overlapped at S >= 1) with sleep-bound generation and a learner step of similar duration,
 both configurable, on two runtimes:
 
 * ``ray`` (the issue's setting): a real local Ray cluster started with ``ray start`` (a head offering the
@@ -277,8 +277,8 @@ def main() -> None:
     lines = [
         "# Asynchronous overlap",
         "",
-        "`benchmarks/async_overlap.py`: the real trainer (the synchronous loop for S = 0, the asynchronous",
-        "loop of `trainers/async_loop.py` for S >= 1) with sleep-bound generation and a learner step of",
+        "`benchmarks/async_overlap.py`: the real trainer (the one loop of `trainers/loop.py`: lock step at",
+        "S = 0, overlapped for S >= 1) with sleep-bound generation and a learner step of",
         "similar duration. Means over steps 1.. (step 0 warms up).",
         "Target (issue 13): S = 1 >= 1.6x the throughput of S = 0 (ceiling 2x).",
         "",

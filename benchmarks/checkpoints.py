@@ -47,7 +47,7 @@ def main() -> None:
     from agentrl.learner.forward import forward_logprobs
     from agentrl.models import load_model, resolve_model
     from agentrl.run import RunDir
-    from agentrl.trainers.pg import TrainConfig, model_spec
+    from agentrl.trainers.train_setup import TrainConfig, model_spec
     from agentrl.types import Message
 
     hf_logging.disable_progress_bar()

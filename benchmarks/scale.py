@@ -27,7 +27,7 @@ from pathlib import Path
 
 from agentrl.rollout import RolloutConfig
 from agentrl.run import RunDir
-from agentrl.trainers import pg
+from agentrl.trainers import train_setup
 from agentrl.trainers.distributed import RayOptions, ray_runtime
 from agentrl.types import TrajectoryMeta
 
@@ -37,7 +37,7 @@ from tests.distributed.scripted import ScriptedTIRFactory
 
 async def measure(workers: int, args: argparse.Namespace, root: Path) -> dict[str, float]:
     """Episodes/s and controller CPU per episode with ``workers`` rollout workers."""
-    cfg = pg.TrainConfig(
+    cfg = train_setup.TrainConfig(
         model="tiny",
         env="math-tir-arith-v0",
         group_size=args.group_size,
@@ -55,12 +55,12 @@ async def measure(workers: int, args: argparse.Namespace, root: Path) -> dict[st
         ray="local",
         rollout_workers=workers,
     )
-    cfg, run = pg.prepare_run(cfg)
+    cfg, run = train_setup.prepare_run(cfg)
     opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=args.generate_s, tool_s=args.tool_s))
     out: dict[str, float] = {}
     async with ray_runtime(cfg, RunDir(run.path), opts) as rt:
         for step in (0, 1):
-            seeds = pg.task_seeds(cfg.seed, step, cfg.groups_per_step)
+            seeds = train_setup.task_seeds(cfg.seed, step, cfg.groups_per_step)
             meta = TrajectoryMeta(env_id=cfg.env, step=step, policy_version=rt.version)
             t0, c0 = time.perf_counter(), time.process_time()
             n = infra = 0

@@ -152,7 +152,7 @@ def rerun_step0(run: Path, seed: int, model: Any, tok: Any) -> dict[str, Any]:
     from agentrl.policies import HFPolicy
     from agentrl.rollout import run_groups
     from agentrl.sandbox import LocalSandbox, SandboxPool
-    from agentrl.trainers.pg import TrainConfig, rollout_config, task_seeds
+    from agentrl.trainers.train_setup import TrainConfig, rollout_config, task_seeds
 
     cfg = TrainConfig(seed=seed)
     renderer = ChatRenderer(tok)
@@ -210,7 +210,7 @@ def floor_seconds(tokens: int, batch: int, seed: int, model: Any, tok: Any) -> d
 
     import agentrl
     from agentrl.chat import ChatRenderer
-    from agentrl.trainers.pg import TrainConfig, task_seeds
+    from agentrl.trainers.train_setup import TrainConfig, task_seeds
 
     cfg = TrainConfig(seed=seed)
     renderer = ChatRenderer(tok)

@@ -23,7 +23,7 @@ from agentrl.protocols import UpdatablePolicy
 from agentrl.rollout import EpisodeDone, run_groups
 from agentrl.run import RunDir
 from agentrl.scores import save_step_scores
-from agentrl.trainers import train_setup as pg
+from agentrl.trainers import train_setup
 from agentrl.trainers.evaluate import EvalReport, run_held_out
 from agentrl.trainers.train_setup import TrainConfig
 from agentrl.types import TrajectoryMeta
@@ -56,8 +56,10 @@ class LocalRuntime:
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.learner, self.policy, self.renderer = learner, policy, renderer
         self.pool = pool
-        self.make_env = pg._env_factory(cfg, pool) if agent is None else None
+        self.make_env = train_setup.env_factory(cfg, pool) if agent is None else None
         self._start = start_step
+        self.limit = asyncio.Semaphore(cfg.rollout.concurrency)
+        """The episode limit (``--rollout.concurrency``) shared by every group of every step in flight."""
         self._stability: StabilityState | None = None  # read from the start checkpoint at the first update
 
     @property
@@ -76,7 +78,7 @@ class LocalRuntime:
         """The step's groups, from the env scheduler or (with --agent) the agent through the gateway."""
         if self.agent is not None:
             events: AsyncIterator[EpisodeDone] = self.agent.run_groups(
-                seeds=seeds, group_size=group_size, meta=meta
+                seeds=seeds, group_size=group_size, meta=meta, limit=self.limit
             )
             return events
         assert self.make_env is not None
@@ -84,10 +86,11 @@ class LocalRuntime:
             self.make_env,
             self.policy,
             self.renderer,
-            pg.rollout_config(self.cfg, int(meta.step or 0)),
+            train_setup.rollout_config(self.cfg, int(meta.step or 0)),
             seeds=seeds,
             group_size=group_size,
             meta=meta,
+            limit=self.limit,
         )
 
     async def update(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
@@ -107,7 +110,7 @@ class LocalRuntime:
             self.learner,
             groups,
             estimator=self.cfg.estimator,
-            pad_id=pg.tokenizer_pad_id(self.renderer),
+            pad_id=train_setup.tokenizer_pad_id(self.renderer),
             correction=self.cfg.correction,
             learner_version=step,
         )
@@ -121,14 +124,18 @@ class LocalRuntime:
 
     async def held_out(self, label: str) -> EvalReport | None:
         """The held-out evaluation of the current weights (``--eval``), labelled ``untrained``/``trained``;
-        None when it is off or with --agent, whose task source may have no test split."""
-        if not self.cfg.eval.tasks or self.agent is not None:
+        None when it is off or with --agent (said once), whose task source may have no test split."""
+        if not self.cfg.eval.tasks:
+            return None
+        if self.agent is not None:
+            if label == "untrained":
+                print("eval: no held-out evaluation with --agent (its task source may have no test split)")
             return None
         report = await run_held_out(
             self.policy,
             self.renderer,
             self.cfg.env,
-            pg._env_kwargs(self.cfg, self.pool),
+            train_setup.env_kwargs(self.cfg, self.pool),
             self.cfg.eval,
             self.cfg.rollout,
             self.run.path,
@@ -143,7 +150,7 @@ class LocalRuntime:
     async def publish(self, version: int) -> None:
         """The learner's weights to the sampler; with LoRA, the sampler's served adapter is then checked
         against the learner's and recorded (:func:`agentrl.lora_sync.verify_served`)."""
-        await pg.publish_weights(self.policy, self.learner.model, version)
+        await train_setup.publish_weights(self.policy, self.learner.model, version)
         if self.adapted is not None:
             await verify_served(self.run, self.policy, self.learner.model, version)
 
@@ -172,8 +179,8 @@ async def local_runtime(
     from agentrl.sandbox import LocalSandbox, SandboxPool
     from agentrl.trainers.gateway.agent_rollout import agent_runner
 
-    loaded = resolve_model(pg.model_spec(cfg))
-    prec = pg.precision(cfg, loaded.device)
+    loaded = resolve_model(train_setup.model_spec(cfg))
+    prec = train_setup.precision(cfg, loaded.device)
     warning = prec.warning()
     if warning is not None:
         print(warning, file=sys.stderr)
@@ -184,7 +191,7 @@ async def local_runtime(
     if cfg.lora.enabled:  # adapters injected in place: loaded.model is the adapted model from here on
         adapted = apply_lora(loaded.model, cfg.lora, name=cfg.model, seed=cfg.seed)
         print(f"lora: rank {cfg.lora.rank} on {adapted.base.describe()}, {adapter_params(loaded.model)}")
-    learner = Learner(loaded.model, pg.learner_config(cfg, prec))
+    learner = Learner(loaded.model, train_setup.learner_config(cfg, prec))
     start = 0
     ckpt = run.latest_checkpoint()
     if ckpt is not None:
@@ -196,7 +203,7 @@ async def local_runtime(
     if sampler is not None:
         policy: UpdatablePolicy = sampler
         if policy.version < start:  # a resumed run: the sampler starts from the checkpoint's weights
-            await pg.publish_weights(policy, loaded.model, start)
+            await train_setup.publish_weights(policy, loaded.model, start)
     else:
         # The sampler needs weights of its own when it samples in another dtype than the master weights
         # (bf16 on CUDA), and asynchronously (--max-staleness ≥ 1: the learner trains in a thread while
@@ -204,17 +211,19 @@ async def local_runtime(
         sampler_model = loaded.model
         if cfg.max_staleness > 0 or not prec.shares_weights:
             sampler_model = cast(Any, copy.deepcopy(loaded.model)).to(prec.sampler)
-        policy = pg.make_policy(cfg, sampler_model, loaded.tokenizer, renderer, loaded.device, version=start)
+        policy = train_setup.make_policy(
+            cfg, sampler_model, loaded.tokenizer, renderer, loaded.device, version=start
+        )
     if sampler is None and not isinstance(policy, HFPolicy):
         # A sampler with its own copy of the weights starts from the learner's (a resumed run's too).
         connect = getattr(policy, "connect", None)
         if connect is not None:
             await connect()
-        await pg.publish_weights(policy, loaded.model, start)
+        await train_setup.publish_weights(policy, loaded.model, start)
     if adapted is not None:
         await verify_served(run, policy, loaded.model, start)  # what the first episodes sample with
     n = cfg.rollout.concurrency
-    pool = SandboxPool(LocalSandbox, size=n, max_waiting=4 * n) if pg.needs_sandbox(cfg) else None
+    pool = SandboxPool(LocalSandbox, size=n, max_waiting=4 * n) if train_setup.needs_sandbox(cfg) else None
     async with pool or contextlib.nullcontext(), agent_runner(cfg, policy, renderer) as agent:
         yield LocalRuntime(
             cfg,

@@ -12,10 +12,12 @@ One step, top to bottom::
       → Learner.step (PPO-clip / REINFORCE) → the policy sees the new weights (version k+1)
       → one line in <run>/metrics.jsonl, a checkpoint in <run>/checkpoints/step-<k+1>
 
-The loop runs over a :class:`~agentrl.trainers.runtime.TrainRuntime`: this process (trainers/local.py,
-the default) or Ray actors (``--ray``, trainers/distributed/). Resume (``--resume RUN``) loads the last
-checkpoint, drops metrics lines of steps it will redo and reuses every *complete* group of the interrupted
-step already on disk, so no finished trajectory is lost and no step is logged twice. SIGINT/SIGTERM stop.
+The loop (:func:`agentrl.trainers.loop.run_steps`: one loop, in lock step at ``--max-staleness 0``,
+overlapping generation with learning above) runs over a :class:`~agentrl.trainers.runtime.TrainRuntime`:
+this process (trainers/local.py, the default) or Ray actors (``--ray``, trainers/distributed/). Resume
+(``--resume RUN``) loads the last checkpoint, drops metrics lines of steps it will redo and reuses every
+*complete* group of the interrupted step already on disk (:func:`~agentrl.trainers.loop.reusable_groups`),
+so no finished trajectory is lost and no step is logged twice. SIGINT/SIGTERM stop.
 """
 
 from __future__ import annotations
@@ -31,50 +33,19 @@ from pathlib import Path
 
 import torch
 
-from agentrl import JsonlStore, TrajectoryGroup, TrajectoryMeta
+from agentrl import JsonlStore
 from agentrl.config import config_to_dict
-from agentrl.dynamic_sampling import StepDraws, draw_metrics, group_verdict
 from agentrl.metrics import MetricsLogger
 from agentrl.run import RunDir
 from agentrl.trainers.evaluate import EvalReport, write_comparison
+from agentrl.trainers.loop import Session, run_steps, until_stopped
 from agentrl.trainers.runtime import TrainRuntime
-from agentrl.trainers.step_metrics import (
-    Progress,
-    episode_metrics,
-    format_row,
-    stalled_update_warning,
-    token_limit_warning,
-)
 from agentrl.trainers.task_sampler import load_sampler_state, save_sampler_state, task_sampler
-from agentrl.trainers.train_setup import (
-    RESUMABLE,
-    TrainConfig,
-    _complete_groups,
-    _Session,
-    make_policy,
-    model_spec,
-    prepare_run,
-    publish_weights,
-    rollout_config,
-    task_seeds,
-    tokenizer_pad_id,
-)
+from agentrl.trainers.train_setup import TrainConfig, prepare_run
 
-__all__ = [
-    "RESUMABLE",
-    "RuntimeFactory",
-    "TrainConfig",
-    "episode_metrics",
-    "make_policy",
-    "model_spec",
-    "open_runtime",
-    "prepare_run",
-    "publish_weights",
-    "rollout_config",
-    "task_seeds",
-    "tokenizer_pad_id",
-    "train",
-]
+__all__ = ["RuntimeFactory", "TrainConfig", "open_runtime", "train"]
+"""``TrainConfig`` is the trainer's config (defined in :mod:`agentrl.trainers.train_setup` with the rest of a
+run's setup); the loop itself is :mod:`agentrl.trainers.loop`."""
 
 
 RuntimeFactory = Callable[[TrainConfig, RunDir], contextlib.AbstractAsyncContextManager[TrainRuntime]]
@@ -94,9 +65,7 @@ def open_runtime(cfg: TrainConfig, run: RunDir) -> contextlib.AbstractAsyncConte
     return local_runtime(cfg, run)
 
 
-async def train(
-    cfg: TrainConfig, *, runtime: RuntimeFactory | None = None, overlap: bool | None = None
-) -> Path:
+async def train(cfg: TrainConfig, *, runtime: RuntimeFactory | None = None) -> Path:
     """Run the training loop on the runtime the config asks for (or ``runtime``); return the run directory.
 
     A start that fails before anything is recorded leaves no run directory behind (or, in a directory that
@@ -104,14 +73,14 @@ async def train(
     created = cfg.resume is None and (cfg.out is None or not Path(cfg.out).is_dir())
     cfg, run = prepare_run(cfg)
     try:
-        return await _train(cfg, run, runtime, overlap)
+        return await _train(cfg, run, runtime)
     except BaseException:
         if cfg.resume is None and run.discard_unstarted(created=created):
             print(f"the run recorded nothing; removed {run.path}", file=sys.stderr)
         raise
 
 
-async def _train(cfg: TrainConfig, run: RunDir, runtime: RuntimeFactory | None, overlap: bool | None) -> Path:
+async def _train(cfg: TrainConfig, run: RunDir, runtime: RuntimeFactory | None) -> Path:
     run_dir = run.path
     torch.manual_seed(cfg.seed)
 
@@ -133,7 +102,7 @@ async def _train(cfg: TrainConfig, run: RunDir, runtime: RuntimeFactory | None, 
             )
             sampler = task_sampler(cfg)
             load_sampler_state(run, start, sampler)
-            session = _Session(cfg, run, rt, store, metrics, stop, first_step=start, task_sampler=sampler)
+            session = Session(cfg, run, rt, store, metrics, stop, first_step=start, task_sampler=sampler)
             before = await _held_out(rt, "untrained", stop)
 
             async def after_step(step: int) -> None:
@@ -141,15 +110,7 @@ async def _train(cfg: TrainConfig, run: RunDir, runtime: RuntimeFactory | None, 
                     save_sampler_state(run, step + 1, sampler)  # before the checkpoint: it always has one
                     await rt.save_checkpoint(run, step + 1, keep=cfg.keep_checkpoints)
 
-            if cfg.max_staleness > 0 if overlap is None else overlap:
-                from agentrl.trainers.async_loop import train_async
-
-                step = await train_async(session, after_step)
-            else:
-                for step in range(start, cfg.steps):
-                    if not await _train_step(session, step):
-                        break
-                    await after_step(step)
+            step = await run_steps(session, after_step)
             if stop.is_set():
                 # The weights are those after the last completed step: make sure a checkpoint says so.
                 latest = run.latest_checkpoint()
@@ -172,123 +133,9 @@ async def _train(cfg: TrainConfig, run: RunDir, runtime: RuntimeFactory | None, 
 
 
 async def _held_out(rt: TrainRuntime, label: str, stop: asyncio.Event) -> EvalReport | None:
-    """The held-out evaluation, where the runtime offers one (the local runtime does, except with --agent,
-    whose task source may have no test split); SIGINT/SIGTERM cancel it (not worth waiting for)."""
-    held_out = getattr(rt, "held_out", None)
-    if held_out is None:
-        return None
-    run = asyncio.ensure_future(held_out(label))
-    stopped = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({run, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    stopped.cancel()
-    if not run.done():
-        run.cancel()
-        await asyncio.gather(run, return_exceptions=True)
-        return None
-    report: EvalReport | None = run.result()
-    return report
-
-
-async def _train_step(s: _Session, step: int) -> bool:
-    """One training step. Returns False when a stop was requested before it finished.
-
-    The step draws ``groups-per-step`` tasks; with ``--dynamic-sampling true`` it drops the finished groups
-    without reward signal and draws again (in rounds: as many as it still needs) until it has enough or
-    reaches the cap (:class:`~agentrl.dynamic_sampling.StepDraws`)."""
-    cfg, runtime = s.cfg, s.runtime
-    t_step = time.perf_counter()
-    draws = StepDraws.of(cfg.groups_per_step, cfg.dynamic_sampling)
-    # Reading the run's trajectories back is only needed once, for the step a resumed run starts at.
-    on_disk = (
-        {g.task_id: g for g in _complete_groups(s.run, step, cfg.group_size)} if step == s.first_step else {}
-    )
-    reused: list[TrajectoryGroup] = []
-    new: list[TrajectoryGroup] = []
-    kept: set[int] = set()  # id() of the groups trained
-    bar = Progress(cfg.progress, draws.need() * cfg.group_size, f"step {step} rollout")
-    meta = TrajectoryMeta(env_id=cfg.env, step=step, policy_version=runtime.version)
-    while (n := draws.need()) > 0:
-        seeds = s.task_sampler.tasks(step, draws.issue(n))
-        this_round = [g for seed in seeds if (g := on_disk.pop(f"{cfg.env}:{seed}", None)) is not None]
-        reused += this_round
-        done = {g.task_id for g in this_round}
-        todo = [seed for seed in seeds if f"{cfg.env}:{seed}" not in done]
-        if draws.drawn > cfg.groups_per_step:
-            bar.set(f"step {step} refill ({draws.drawn} drawn)")
-        if not await _rollout(s, todo, meta, bar, this_round, new):
-            return False
-        for g in this_round:
-            if draws.record(group_verdict(g)):
-                kept.add(id(g))
-    bar.close()
-    t_rollout = time.perf_counter() - t_step
-
-    t_learn = time.perf_counter()
-    groups = reused + new  # the order of their lines in the trajectory file (replay rebuilds it)
-    usable = [u for g in groups if id(g) in kept and (u := g.usable()) is not None]
-    row: dict[str, float] = episode_metrics([t for g in groups for t in g])
-    row["episodes/reused"] = float(sum(len(g) for g in reused))
-    row.update(draw_metrics(draws, groups, usable))
-    s.task_sampler.observe(step, groups)
-    if draws.capped:
-        print(
-            f"step {step}: drew the most groups --dynamic-sampling.max-draws allows ({draws.drawn}) and "
-            f"{draws.with_signal} of {cfg.groups_per_step} had reward signal; training on those"
-        )
-    if usable:
-        row.update(await runtime.update(usable))
-    else:
-        print(f"step {step}: no group to train on (every episode failed, or none had signal); no update")
-    t_publish = time.perf_counter()
-    await runtime.publish(step + 1)
-    row["time/publish_s"] = time.perf_counter() - t_publish
-    row["time/rollout_s"] = t_rollout
-    row["time/learn_s"] = time.perf_counter() - t_learn
-    row["time/step_s"] = time.perf_counter() - t_step
-    s.metrics.log(step, row)
-    print(format_row(step, row))
-    for warning in (
-        token_limit_warning([t for g in groups for t in g], cfg.rollout),
-        stalled_update_warning(row),
-    ):
-        if warning is not None:
-            print(f"step {step}: {warning}", file=sys.stderr)
-    return True
-
-
-async def _rollout(
-    s: _Session,
-    seeds: list[int],
-    meta: TrajectoryMeta,
-    bar: Progress,
-    this_round: list[TrajectoryGroup],
-    new: list[TrajectoryGroup],
-) -> bool:
-    """Run one group per seed, storing every trajectory as it finishes and appending each group to both
-    lists as it completes; False when a stop was requested first (the rollout is cancelled)."""
-
-    async def rollout() -> None:
-        events = s.runtime.run_groups(seeds=seeds, group_size=s.cfg.group_size, meta=meta)
-        async for done in events:
-            await s.store.append(done.trajectory)  # on disk before anything else: kill -9 loses nothing
-            if done.group is not None:
-                this_round.append(done.group)
-                new.append(done.group)
-            bar.update(reward=f"{done.trajectory.reward:.2f}")
-
-    if not seeds:
-        return True
-    rollout_task = asyncio.ensure_future(rollout())
-    stop_task = asyncio.ensure_future(s.stop.wait())
-    await asyncio.wait({rollout_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-    stop_task.cancel()
-    if not rollout_task.done():
-        rollout_task.cancel()
-        await asyncio.gather(rollout_task, return_exceptions=True)
-        bar.close()
-        return False
-    rollout_task.result()
-    return True
+    """The runtime's held-out evaluation (None where it has none: the runtime says why); SIGINT/SIGTERM
+    cancel it (not worth waiting for)."""
+    return (await until_stopped(rt.held_out(label), stop))[1]
 
 
 def main(cfg: TrainConfig) -> int:

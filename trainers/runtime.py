@@ -1,8 +1,9 @@
 """The trainer's runtime seam: where a step's episodes come from, where learning happens, where weights go.
 
-``agentrl.trainers.pg`` runs one training loop over a :class:`TrainRuntime`::
+``agentrl.trainers.pg`` runs one training loop (:mod:`agentrl.trainers.loop`) over a :class:`TrainRuntime`::
 
-    run_groups(seeds) → EpisodeDone stream → store → update(groups) → publish(version) → save_checkpoint
+    held_out("untrained") → [run_groups(seeds) → EpisodeDone stream → store → update(groups)
+      → publish(version) → save_checkpoint] per step → held_out("trained")
 
 Two runtimes implement it:
 
@@ -11,8 +12,9 @@ Two runtimes implement it:
 * :class:`agentrl.trainers.distributed.RayRuntime` (``--ray ADDRESS``): rollout workers, inference servers
   and a learner group as Ray actors, behind a controller with a persisted group ledger.
 
-The loop itself (tasks per step, storing every trajectory as it finishes, reusing complete groups on
-resume, metrics, signals) is the same for both, so a config runs either way and writes the same run
+The loop itself (:mod:`agentrl.trainers.loop`: tasks per step, admission under the staleness bound,
+storing every trajectory as it finishes, reusing complete groups on resume, metrics, signals) is the same for
+both, so a config runs either way and writes the same run
 directory.
 """
 
@@ -24,6 +26,7 @@ from typing import Protocol, runtime_checkable
 from agentrl.groups import TrajectoryGroup
 from agentrl.rollout import EpisodeDone
 from agentrl.run import RunDir
+from agentrl.trainers.evaluate import EvalReport
 from agentrl.types import TrajectoryMeta
 
 __all__ = ["TrainRuntime"]
@@ -58,6 +61,12 @@ class TrainRuntime(Protocol):
     async def publish(self, version: int) -> None:
         """Hand the learner's current weights to every sampler as ``version``; returns once they all
         sample with them."""
+        ...
+
+    async def held_out(self, label: str) -> EvalReport | None:
+        """The held-out evaluation of the samplers' current weights (``--eval``), labelled ``untrained`` or
+        ``trained``, written to the run; None when ``--eval.tasks`` is 0 or the runtime cannot run it here
+        (it then prints why)."""
         ...
 
     async def save_checkpoint(self, run: RunDir, step: int, *, keep: int) -> None:

@@ -1,12 +1,11 @@
 """A training run's settings and setup: TrainConfig, task order, the sampler, env factories, the run folder.
 
-The runtimes (trainers/local.py, trainers/distributed/) and the asynchronous loop build on these; the loop
-itself is :mod:`agentrl.trainers.pg`, which re-exports them.
+The runtimes (trainers/local.py, trainers/distributed/) and the loop (trainers/loop.py) build on these; the
+trainer's entry point is :mod:`agentrl.trainers.pg`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import importlib.util
 import math
@@ -15,12 +14,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 
 import agentrl
-from agentrl import JsonlStore, TrajectoryGroup, read_groups
 from agentrl.chat import ChatRenderer
 from agentrl.config import config_to_dict
 from agentrl.credit import OTB, AdvantageEstimator, Estimator, estimator_config
@@ -29,7 +27,6 @@ from agentrl.errors import ConfigError
 from agentrl.learner import LearnerConfig
 from agentrl.learner.correction import Correction
 from agentrl.lora import LoraConfig, published_state
-from agentrl.metrics import MetricsLogger
 from agentrl.models import model_folder
 from agentrl.policies import HFPolicy
 from agentrl.precision import Precision, resolve_precision
@@ -38,18 +35,17 @@ from agentrl.rollout import RolloutConfig
 from agentrl.run import ModelSpec, RunDir
 from agentrl.staleness import Admission, OnStale
 from agentrl.trainers.evaluate import EvalConfig
-from agentrl.trainers.runtime import TrainRuntime
-
-if TYPE_CHECKING:
-    from agentrl.trainers.task_sampler import TaskSampler
 
 __all__ = [
     "RESUMABLE",
     "TrainConfig",
     "env_arguments",
+    "env_factory",
+    "env_kwargs",
     "learner_config",
     "make_policy",
     "model_spec",
+    "needs_sandbox",
     "precision",
     "prepare_run",
     "publish_weights",
@@ -140,7 +136,7 @@ class TrainConfig:
     max_staleness: int = 0
     """Asynchronous training: the next steps' episodes run while the learner updates, and a trajectory may be
     at most this many versions older than the learner that trains on it (0 = synchronous, lock-step).
-    See trainers/async_loop.py."""
+    See trainers/loop.py."""
     on_stale: OnStale = "wait"
     """With --max-staleness: a step waits for all its groups (wait) or drops those still running when the
     learner is ready for it (drop; dropped groups are counted)."""
@@ -231,10 +227,6 @@ class TrainConfig:
                 raise ConfigError(
                     f"{', '.join(flags)} only apply with --ray (local, auto or ray://host:port)"
                 )
-        elif self.agent is not None:
-            raise ConfigError(
-                "--agent runs its gateway in this process; it cannot be combined with --ray yet"
-            )
         if (
             isinstance(self.max_staleness, bool)
             or not isinstance(self.max_staleness, int)
@@ -249,8 +241,6 @@ class TrainConfig:
             )
         if self.max_staleness > 0:
             Admission(self.max_staleness, self.groups_per_step, on_stale=self.on_stale)  # validates on_stale
-            if self.agent is not None:
-                raise ConfigError("--max-staleness > 0 does not run --agent (gateway) episodes yet; use 0")
         elif self.on_stale != "wait":
             raise ConfigError("--on-stale drop needs --max-staleness >= 1")
         if self.master_dtype not in ("float32", "bfloat16"):
@@ -375,7 +365,9 @@ async def publish_weights(sink: WeightSink, model: Any, version: int) -> None:
     await sink.load_weights(WeightUpdate(version, published_state(model)))
 
 
-def _env_kwargs(cfg: TrainConfig, pool: Any) -> dict[str, Any]:
+def env_kwargs(cfg: TrainConfig, pool: Any) -> dict[str, Any]:
+    """The env's constructor arguments as the trainer builds it (:func:`env_arguments`), a ToolEnv's given the
+    run's sandbox ``pool`` when there is one."""
     from agentrl.envs.tool_env import ToolEnv
 
     kwargs = env_arguments(cfg)
@@ -429,18 +421,12 @@ def needs_sandbox(cfg: TrainConfig) -> bool:
     return bool(getattr(env, "needs_sandbox", True))
 
 
-def _env_factory(cfg: TrainConfig, pool: Any) -> Callable[[], agentrl.Env]:
-    kwargs = _env_kwargs(cfg, pool)
+def env_factory(cfg: TrainConfig, pool: Any) -> Callable[[], agentrl.Env]:
+    """A factory of the run's env (``--env``, ``--env-kwargs``, the sandbox ``pool``); a bad env or bad
+    arguments fail here, before any episode runs."""
+    kwargs = env_kwargs(cfg, pool)
     agentrl.make(cfg.env, **{k: v for k, v in kwargs.items() if k != "sandbox_pool"})  # fail early
     return lambda: agentrl.make(cfg.env, **kwargs)
-
-
-def _complete_groups(run: RunDir, step: int, group_size: int) -> list[TrajectoryGroup]:
-    """Finished groups of ``step`` on disk, in the order they completed (a resumed step reuses them)."""
-    path = run.trajectories_path
-    if not path.exists():
-        return []
-    return [g for g in read_groups(path, size=group_size) if g[0].meta.step == step]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -515,22 +501,6 @@ def _size_learner(cfg: TrainConfig) -> TrainConfig:
     chunk = sizes.chunk_size if lc.chunk_size == 0 else lc.chunk_size
     print(f"learner: micro_batch_tokens={mbt} chunk_size={chunk} ({sizes.why})")
     return dataclasses.replace(cfg, learner=dataclasses.replace(lc, micro_batch_tokens=mbt, chunk_size=chunk))
-
-
-@dataclass
-class _Session:
-    """What a running training loop holds (built once in :func:`train`, used by every step)."""
-
-    cfg: TrainConfig
-    run: RunDir
-    runtime: TrainRuntime
-    store: JsonlStore
-    metrics: MetricsLogger
-    stop: asyncio.Event
-    first_step: int
-    """The step this process started at: only it can find its own episodes already on disk (a resume)."""
-    task_sampler: TaskSampler
-    """The task of each draw of each step (its state loaded on resume)."""
 
 
 def tokenizer_pad_id(renderer: ChatRenderer) -> int:

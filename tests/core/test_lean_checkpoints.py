@@ -133,7 +133,7 @@ def test_checkpoints_from_before_compaction_load_and_get_compacted(tmp_path, tok
 
 def test_a_config_json_from_before_the_setting_loads_with_the_default():
     from agentrl.config import config_from_dict, config_to_dict
-    from agentrl.trainers.pg import RESUMABLE, TrainConfig
+    from agentrl.trainers.train_setup import RESUMABLE, TrainConfig
 
     old = config_to_dict(TrainConfig())
     del old["older_checkpoints"]  # what runs before lean checkpoints recorded

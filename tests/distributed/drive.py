@@ -17,13 +17,13 @@ def main(argv: list[str]) -> int:
 
     from agentrl.learner import LearnerConfig
     from agentrl.rollout import RolloutConfig
-    from agentrl.trainers import pg
+    from agentrl.trainers import pg, train_setup
     from agentrl.trainers.distributed import RayOptions, ray_runtime
 
     address, out, steps = argv[0], argv[1], int(argv[2])
     resume = "--resume" in argv
     staleness = int(argv[argv.index("--max-staleness") + 1]) if "--max-staleness" in argv else 0
-    cfg = pg.TrainConfig(
+    cfg = train_setup.TrainConfig(
         model="tiny",
         env="math-tir-arith-v0",
         group_size=2,

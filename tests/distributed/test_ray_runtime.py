@@ -54,11 +54,11 @@ def config(tmp_path, **kw):
         ray="auto",
     )
     base.update(kw)
-    return pg.TrainConfig(**base)
+    return train_setup.TrainConfig(**base)
 
 
 def new_run(cfg):
-    cfg, run = pg.prepare_run(cfg)
+    cfg, run = train_setup.prepare_run(cfg)
     return cfg, run
 
 
@@ -74,7 +74,7 @@ class Rollout:
 
     def __init__(self, rt, cfg, step=0):
         self.events = []
-        seeds = pg.task_seeds(cfg.seed, step, cfg.groups_per_step)
+        seeds = train_setup.task_seeds(cfg.seed, step, cfg.groups_per_step)
         meta = TrajectoryMeta(env_id=cfg.env, step=step, policy_version=rt.version)
         self.expected = sorted(f"{cfg.env}:{s}" for s in seeds)
 
@@ -136,7 +136,7 @@ async def test_one_worker_server_learner_equals_the_single_process_trainer(clust
     for task in local:
         assert rows(local[task]) == rows(remote[task]), task
     # Advantages: the estimator on each group, scored by the same initial weights.
-    learner = Learner(resolve_model(pg.model_spec(local_cfg)).model, local_cfg.learner)
+    learner = Learner(resolve_model(train_setup.model_spec(local_cfg)).model, local_cfg.learner)
     from agentrl.groups import TrajectoryGroup
 
     def advantages(ts):
@@ -315,7 +315,7 @@ async def test_two_learners_shard_the_model_with_fsdp_and_checkpoint_it(cluster,
         await rt.save_checkpoint(run, 1, keep=2)
         trained = rt.learner_checksum
     # The sharded learner wrote a plain checkpoint: it loads into an unsharded model, bit for bit.
-    plain = resolve_model(pg.model_spec(cfg), tokenizer=False).model
+    plain = resolve_model(train_setup.model_spec(cfg), tokenizer=False).model
     assert load_checkpoint(RunDir(run.path).require_checkpoint(1), model=plain).step == 1
     assert weights_checksum(plain.state_dict()) == trained
     # And a resumed learner group starts from it (weights and optimizer state).
@@ -337,7 +337,7 @@ async def test_bf16_compute_servers_hold_the_served_copy_of_the_fp32_master_weig
             s.version == 1 and s.checksum == rt.learner_checksum for s in rt.last_sync
         )
         checksum = rt.learner_checksum
-    master = resolve_model(pg.model_spec(cfg), tokenizer=False).model  # the initial weights, in fp32
+    master = resolve_model(train_setup.model_spec(cfg), tokenizer=False).model  # the initial weights, in fp32
     assert next(master.parameters()).dtype == torch.float32
     assert weights_checksum(served_copy(master.state_dict(), torch.bfloat16)) == checksum
     assert weights_checksum(master.state_dict()) != checksum

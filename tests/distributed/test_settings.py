@@ -6,7 +6,8 @@ import pytest
 
 from agentrl.errors import ConfigError
 from agentrl.trainers.cli import main as cli_main
-from agentrl.trainers.pg import TrainConfig, open_runtime, prepare_run
+from agentrl.trainers.pg import TrainConfig, open_runtime
+from agentrl.trainers.train_setup import prepare_run
 
 
 def test_ray_settings_need_ray(capsys):
@@ -16,8 +17,6 @@ def test_ray_settings_need_ray(capsys):
         assert "only apply with --ray (local, auto or ray://host:port)" in err, err
     assert cli_main(["train", "--model", "tiny", "--ray", "local", "--learners", "0"]) == 2
     assert "--learners must be a positive integer, got 0" in capsys.readouterr().err
-    with pytest.raises(ConfigError, match="cannot be combined with --ray"):
-        TrainConfig(ray="local", agent="agent.py:run")
 
 
 def test_a_resume_may_move_to_ray_but_not_change_the_experiment(tmp_path):

@@ -187,5 +187,5 @@ async def test_a_failing_task_source_stops_every_group(renderer):
             async for _ in runner.run_groups(seeds=[0, 1, 2], group_size=2):
                 pass
         await asyncio.sleep(0)
-        left = [t for t in asyncio.all_tasks() if "AgentRunner.run_groups" in t.get_coro().__qualname__]
+        left = [t for t in asyncio.all_tasks() if "schedule_groups" in t.get_coro().__qualname__]
         assert not left, "groups of the failed run are still running"

@@ -12,7 +12,7 @@ from agentrl.config import config_from_dict
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner, LearnerConfig
 from agentrl.learner.sizing import ModelShape, device_sizes
-from agentrl.trainers.pg import TrainConfig, prepare_run
+from agentrl.trainers.train_setup import TrainConfig, prepare_run
 
 from .tiny import tiny_qwen2
 

@@ -9,7 +9,7 @@ from agentrl.models import tiny_model
 from agentrl.policies import HFPolicy
 from agentrl.rollout import run_episode, run_groups
 from agentrl.testing import EchoEnv
-from agentrl.trainers.pg import TrainConfig, rollout_config
+from agentrl.trainers.train_setup import TrainConfig, rollout_config
 
 
 def _cfg(step: int):  # type: ignore[no-untyped-def]

@@ -108,7 +108,7 @@ async def test_the_fake_sink_records_copies_and_stamps_its_version():
 
 
 async def test_the_trainer_publishes_through_the_protocol(tok):
-    from agentrl.trainers.pg import publish_weights
+    from agentrl.trainers.train_setup import publish_weights
 
     model = tiny_model(tok, seed=0)
     sink = RecordingWeightSink()

@@ -20,7 +20,7 @@ from agentrl.errors import ConfigError
 from agentrl.metrics import read_metrics
 from agentrl.trainers.cli import build_parser
 from agentrl.trainers.cli import main as cli_main
-from agentrl.trainers.pg import TrainConfig, prepare_run, task_seeds
+from agentrl.trainers.train_setup import TrainConfig, prepare_run, task_seeds
 
 AGENTRL = [sys.executable, "-m", "agentrl.trainers"]
 TINY = [
@@ -367,7 +367,7 @@ def test_policy_choice_on_cpu(capsys, tmp_path):
     from agentrl.chat import ChatRenderer
     from agentrl.models import smollm2_tokenizer, tiny_model
     from agentrl.policies import HFPolicy
-    from agentrl.trainers.pg import make_policy
+    from agentrl.trainers.train_setup import make_policy
 
     tok = smollm2_tokenizer()
     model, renderer = tiny_model(tok), ChatRenderer(tok)

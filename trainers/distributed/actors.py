@@ -23,44 +23,54 @@ import os
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.chat import ChatRenderer
 from agentrl.episode import run_episode
 from agentrl.errors import ConfigError, PolicyError
 from agentrl.protocols import Generation, Sampling, UpdatablePolicy, WeightSink, WeightUpdate
+from agentrl.rollout import schedule_groups
 from agentrl.trainers.distributed.weights import WeightRef, WeightTransport
 from agentrl.types import Provenance, StopReason, Trajectory, TrajectoryMeta
 from agentrl.weights import weights_checksum
 
+if TYPE_CHECKING:
+    from agentrl.trainers.train_setup import TrainConfig
+
 __all__ = [
+    "BalancedServerPolicy",
     "GroupLease",
     "GroupResult",
     "InferenceServer",
     "LoadBalancer",
     "PolicyFactory",
     "RolloutWorker",
+    "ServerPolicy",
     "ServerState",
     "hf_policy_factory",
 ]
 
-PolicyFactory = Callable[[Any, int], UpdatablePolicy]
+PolicyFactory = Callable[["TrainConfig", int], UpdatablePolicy]
 """``factory(train_config, version) -> UpdatablePolicy``: builds the sampler inside a server process."""
 
 
-def hf_policy_factory(cfg: Any, version: int) -> UpdatablePolicy:
+def hf_policy_factory(cfg: TrainConfig, version: int) -> UpdatablePolicy:
     """The sampler ``agentrl train`` would use in one process (HF on CPU/GPU, or vLLM with
     ``--policy vllm``), built from the run's model spec."""
     from agentrl.models import resolve_model
-    from agentrl.trainers import train_setup as pg
+    from agentrl.trainers import train_setup
 
-    loaded = resolve_model(pg.sampler_spec(cfg))  # the sampler's dtype (bf16 on CUDA), not the master's
+    loaded = resolve_model(
+        train_setup.sampler_spec(cfg)
+    )  # the sampler's dtype (bf16 on CUDA), not the master's
     if cfg.lora.enabled:  # the same seeded adapters as the learner's; syncs then replace only them
         from agentrl.lora import apply_lora
 
         apply_lora(loaded.model, cfg.lora, name=cfg.model, seed=cfg.seed)
     renderer = ChatRenderer(loaded.tokenizer)
-    return pg.make_policy(cfg, loaded.model, loaded.tokenizer, renderer, loaded.device, version=version)
+    return train_setup.make_policy(
+        cfg, loaded.model, loaded.tokenizer, renderer, loaded.device, version=version
+    )
 
 
 def _node() -> str:
@@ -92,7 +102,9 @@ class ServerState:
 class InferenceServer:
     """One inference server: an :class:`~agentrl.protocols.UpdatablePolicy` behind Ray calls."""
 
-    def __init__(self, name: str, factory: PolicyFactory, cfg: Any, broker: Any, transport: WeightTransport):
+    def __init__(
+        self, name: str, factory: PolicyFactory, cfg: TrainConfig, broker: Any, transport: WeightTransport
+    ):
         policy = factory(cfg, 0)
         if not isinstance(policy, WeightSink):
             raise ConfigError(
@@ -164,7 +176,7 @@ class LoadBalancer:
         return list(self.in_flight)
 
 
-class _ServerPolicy:
+class ServerPolicy:
     """The :class:`~agentrl.protocols.Policy` one episode sees: every turn goes to one server (sticky). When
     that server dies or is restarting, the turn fails over to the least-loaded other server (the same one
     after a pause when it is the only one), a few times at most."""
@@ -179,13 +191,16 @@ class _ServerPolicy:
 
     @property
     def name(self) -> str:
+        """The server the episode is on now (``server-<k>``)."""
         return f"server-{self.index}"
 
     @property
     def version(self) -> int:
+        """The weights version of the last turn sampled."""
         return self._version
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        """One turn on the episode's server (failing over when it died)."""
         from ray.exceptions import RayActorError
 
         while True:
@@ -203,6 +218,41 @@ class _ServerPolicy:
                 self.balancer.release.remote(old)
         self._version = gen.policy_version
         return gen
+
+
+class BalancedServerPolicy:
+    """The :class:`~agentrl.protocols.Policy` of a rollout worker's gateway (``--agent`` on Ray): the gateway
+    shares one policy among its sessions, so each turn goes to the server with the fewest episodes in flight
+    (a session's turns may land on different servers, all holding the same weights version between syncs).
+    A server that died is skipped for another, a few times at most."""
+
+    def __init__(self, servers: Sequence[Any], balancer: Any, failovers: int = 3):
+        self.servers, self.balancer, self.max_failovers = servers, balancer, failovers
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        """The weights version of the last turn sampled."""
+        return self._version
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        """One turn on the least-loaded server."""
+        from ray.exceptions import RayActorError
+
+        for attempt in range(self.max_failovers + 1):
+            index: int = await self.balancer.acquire.remote()
+            try:
+                gen: Generation = await self.servers[index].generate.remote(tuple(prompt_ids), sampling)
+            except RayActorError as e:
+                if attempt == self.max_failovers:
+                    raise PolicyError(f"no inference server answered (server-{index} died: {e})") from e
+                await asyncio.sleep(0.5 * (attempt + 1))  # a restarting server needs a moment
+                continue
+            finally:
+                self.balancer.release.remote(index)
+            self._version = gen.policy_version
+            return gen
+        raise AssertionError("unreachable: the loop returns or raises")
 
 
 @dataclass(frozen=True)
@@ -239,7 +289,7 @@ class RolloutWorker:
     def __init__(
         self,
         name: str,
-        cfg: Any,
+        cfg: TrainConfig,
         servers: Sequence[Any],
         balancer: Any,
         setup: Callable[[], None] | None = None,
@@ -256,58 +306,103 @@ class RolloutWorker:
         self.pool_id = f"{name}@{self.node}/pid{os.getpid()}"
         self._pool: Any = None
         self._make_env: Callable[[], Any] | None = None
+        self._agent: Any = None
+        """``--agent``: the worker's :class:`~agentrl.trainers.gateway.agent_rollout.AgentRunner`, its gateway
+        in front of the inference servers (started on the first group)."""
         self._limit = asyncio.Semaphore(cfg.rollout.concurrency)
 
     async def _env_factory(self) -> Callable[[], Any]:
         if self._make_env is None:
             from agentrl.sandbox import LocalSandbox, SandboxPool
-            from agentrl.trainers import train_setup as pg
+            from agentrl.trainers import train_setup
 
             conc = self.cfg.rollout.concurrency
-            if pg.needs_sandbox(self.cfg):  # as in the local runtime: none for envs that run no code
+            if train_setup.needs_sandbox(self.cfg):  # as in the local runtime: none for envs that run no code
                 self._pool = await SandboxPool(LocalSandbox, size=conc, max_waiting=4 * conc).__aenter__()
-            self._make_env = pg._env_factory(self.cfg, self._pool)
+            self._make_env = train_setup.env_factory(self.cfg, self._pool)
         return self._make_env
 
+    async def _agent_runner(self) -> Any:
+        if self._agent is None:
+            from agentrl.trainers.gateway import Gateway
+            from agentrl.trainers.gateway.agent_rollout import (
+                AgentRunner,
+                gateway_config,
+                load_agent,
+                task_source,
+            )
+
+            cfg = self.cfg
+            assert cfg.agent is not None
+            tasks = task_source(cfg.env, cfg.env_kwargs)
+            policy = BalancedServerPolicy(self.servers, self.balancer)
+            gateway = Gateway(policy, self.renderer, gateway_config(cfg, tasks), auto_sessions=False)
+            await gateway.__aenter__()
+            self._agent = AgentRunner(
+                load_agent(cfg.agent), tasks, gateway, concurrency=cfg.rollout.concurrency
+            )
+        return self._agent
+
     async def close(self) -> None:
-        """Close the sandbox pool."""
+        """Close the sandbox pool and the gateway."""
         if self._pool is not None:
             await self._pool.close()
+        if self._agent is not None:
+            await self._agent.gateway.__aexit__(None, None, None)
 
     def where(self) -> str:
         """The node this worker runs on."""
         return self.node
 
     async def run_group(self, lease: GroupLease) -> GroupResult:
-        """Run every member of ``lease`` concurrently and return the group."""
-        make_env = await self._env_factory()
-        finished: list[Trajectory] = []
+        """Run every member of ``lease`` (the one scheduler, :func:`agentrl.rollout.schedule_groups`, under
+        this worker's episode limit) and return the group."""
+        env_id = lease.meta.env_id or str(self.cfg.env)
+        if self.cfg.agent is not None:  # a gateway session per episode, the agent run in this worker
+            runner = await self._agent_runner()
+            sessions = runner.episodes(lease.group_size)
+            env_id = runner.tasks.name
+            # the gateway balances turns over the servers, and the agent runs its tools in this worker
+            where = Provenance(worker=self.name, server="balanced", node=self.node, sandbox_pool=self.pool_id)
 
-        async def member(m: int) -> None:
-            async with self._limit:
-                finished.append(await self._episode(make_env, lease, m))
+            async def episode(seed: int, member: int, meta: TrajectoryMeta) -> tuple[Trajectory, ...]:
+                trajs = await sessions(seed, member, meta)
+                return tuple(_stamped(t, where) for t in trajs)
 
-        await asyncio.gather(*(member(m) for m in range(lease.group_size)))
-        return GroupResult(lease, tuple(finished), self.name)
+        else:
+            make_env = await self._env_factory()
 
-    async def _episode(self, make_env: Callable[[], Any], lease: GroupLease, member: int) -> Trajectory:
-        meta = dataclasses.replace(
-            lease.meta,
-            seed=lease.seed,
-            task_id=f"{lease.meta.env_id}:{lease.seed}",
-            group_id=lease.group_id,
-            episode_id=f"{lease.group_id}-m{member}",
+            async def episode(seed: int, member: int, meta: TrajectoryMeta) -> tuple[Trajectory, ...]:
+                return (await self._episode(make_env, seed, member, meta),)
+
+        events = schedule_groups(
+            episode,
+            env_id=env_id,
+            seeds=(lease.seed,),
+            group_size=lease.group_size,
+            meta=dataclasses.replace(lease.meta, group_id=lease.group_id),
+            concurrency=self.cfg.rollout.concurrency,
+            limit=self._limit,
         )
+        finished = tuple([done.trajectory async for done in events])
+        return GroupResult(lease, finished, self.name)
+
+    async def _episode(
+        self, make_env: Callable[[], Any], seed: int, member: int, group: TrajectoryMeta
+    ) -> Trajectory:
+        """One episode on the inference servers: sticky to the server the balancer gives it, started over on
+        another (a few times at most) when its server was lost."""
+        meta = dataclasses.replace(group, episode_id=f"{group.group_id}-m{member}")
         from agentrl.trainers.train_setup import rollout_config
 
         rollout = rollout_config(self.cfg, int(meta.step or 0))  # the step's seed, as single-process
         for attempt in range(self.episode_retries + 1):
             index: int = await self.balancer.acquire.remote()
-            policy = _ServerPolicy(self.servers, self.balancer, index)
+            policy = ServerPolicy(self.servers, self.balancer, index)
             env = make_env()
             try:
                 traj = await run_episode(
-                    env, policy, self.renderer, rollout, seed=lease.seed, meta=meta, member=member
+                    env, policy, self.renderer, rollout, seed=seed, meta=meta, member=member
                 )
             finally:
                 await env.close()
@@ -325,4 +420,9 @@ class RolloutWorker:
             episode_attempts=attempt + 1,
             server_failovers=policy.failovers,
         )
-        return dataclasses.replace(traj, meta=dataclasses.replace(traj.meta, provenance=provenance))
+        return _stamped(traj, provenance)
+
+
+def _stamped(traj: Trajectory, provenance: Provenance) -> Trajectory:
+    """``traj`` with who produced it (worker, server, node, sandbox pool) in its meta."""
+    return dataclasses.replace(traj, meta=dataclasses.replace(traj.meta, provenance=provenance))

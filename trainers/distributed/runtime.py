@@ -27,7 +27,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.dynamic_sampling import GroupVerdict, group_verdict
 from agentrl.errors import ConfigError, InfraError
@@ -41,13 +41,18 @@ from agentrl.trainers.distributed.actors import (
     LoadBalancer,
     PolicyFactory,
     RolloutWorker,
+    ServerPolicy,
     ServerState,
     hf_policy_factory,
 )
 from agentrl.trainers.distributed.learner import LearnerActor, shard_groups
 from agentrl.trainers.distributed.ledger import LEDGER_FILE, GroupKey, GroupLedger
 from agentrl.trainers.distributed.weights import WeightBroker, WeightRef, make_transport
+from agentrl.trainers.evaluate import EvalReport
 from agentrl.types import TrajectoryMeta
+
+if TYPE_CHECKING:
+    from agentrl.trainers.train_setup import TrainConfig
 
 __all__ = ["RESOURCES", "RayOptions", "RayRuntime", "connect", "ray_runtime", "require_ray"]
 
@@ -95,14 +100,14 @@ class RayOptions:
     """GPUs each learner and inference server reserves (Ray hides GPUs from actors that reserve none).
     None: 0.5 with ``--device cuda`` (a server and a learner share one GPU), else 0."""
 
-    def gpus(self, cfg: Any) -> float:
+    def gpus(self, cfg: TrainConfig) -> float:
         """The GPUs a learner or server reserves for ``cfg``."""
         if self.gpus_per_actor is not None:
             return self.gpus_per_actor
         return 0.5 if str(cfg.device).startswith("cuda") else 0.0
 
 
-def connect(address: str, cfg: Any, opts: RayOptions) -> bool:
+def connect(address: str, cfg: TrainConfig, opts: RayOptions) -> bool:
     """Join or start Ray for ``address`` (``local``, ``auto`` or ``ray://host:port``); True when this call
     started it (and so must shut it down). An already initialised Ray (a test's cluster) is used as is."""
     ray = require_ray()
@@ -123,7 +128,7 @@ def connect(address: str, cfg: Any, opts: RayOptions) -> bool:
     return True
 
 
-def _check_resources(ray: Any, cfg: Any) -> None:
+def _check_resources(ray: Any, cfg: TrainConfig) -> None:
     have = ray.cluster_resources()
     need = {"rollout": 1, "sandbox": 1, "inference": cfg.inference_servers, "learner": cfg.learners}
     short = {k: (have.get(k, 0), v) for k, v in need.items() if have.get(k, 0) < v}
@@ -138,7 +143,7 @@ def _check_resources(ray: Any, cfg: Any) -> None:
 class RayRuntime:
     """The :class:`~agentrl.trainers.runtime.TrainRuntime` on a Ray cluster (built by :func:`ray_runtime`)."""
 
-    def __init__(self, ray: Any, cfg: Any, run: RunDir, opts: RayOptions):
+    def __init__(self, ray: Any, cfg: TrainConfig, run: RunDir, opts: RayOptions):
         self.ray, self.cfg, self.run, self.opts = ray, cfg, run, opts
         self.ledger = GroupLedger(
             run.path / LEDGER_FILE, lease_s=opts.lease_s, max_attempts=opts.max_attempts
@@ -454,6 +459,38 @@ class RayRuntime:
             "ray/workers_replaced": float(self.replaced_workers),
         }
 
+    async def held_out(self, label: str) -> EvalReport | None:
+        """The held-out evaluation (``--eval``) of the served weights, on an inference server (the least
+        loaded; every turn goes to it) with the env built in this process, as the local runtime builds it
+        (a sandbox pool of its own when the env runs code)."""
+        cfg = self.cfg
+        if not cfg.eval.tasks:
+            return None
+        if cfg.agent is not None:
+            if label == "untrained":
+                print("eval: no held-out evaluation with --agent (its task source may have no test split)")
+            return None
+        from agentrl.chat import ChatRenderer
+        from agentrl.models import resolve_tokenizer
+        from agentrl.sandbox import LocalSandbox, SandboxPool
+        from agentrl.trainers import train_setup
+        from agentrl.trainers.evaluate import run_held_out
+
+        renderer = ChatRenderer(resolve_tokenizer(cfg.model))
+        policy = ServerPolicy(self.servers, self.balancer, await self.balancer.acquire.remote())
+        n = cfg.rollout.concurrency
+        pool = (
+            SandboxPool(LocalSandbox, size=n, max_waiting=4 * n) if train_setup.needs_sandbox(cfg) else None
+        )
+        try:
+            async with pool or contextlib.nullcontext():
+                kwargs = train_setup.env_kwargs(cfg, pool)
+                return await run_held_out(
+                    policy, renderer, cfg.env, kwargs, cfg.eval, cfg.rollout, self.run.path, label
+                )
+        finally:
+            self.balancer.release.remote(policy.index)
+
     async def save_checkpoint(self, run: RunDir, step: int, *, keep: int) -> None:
         """The learner group writes the checkpoint (the run directory must be on a disk the learner's node
         shares with the driver: with one node, or a shared file system)."""
@@ -463,10 +500,14 @@ class RayRuntime:
 
 
 @contextlib.asynccontextmanager
-async def ray_runtime(cfg: Any, run: RunDir, options: RayOptions | None = None) -> AsyncIterator[RayRuntime]:
+async def ray_runtime(
+    cfg: TrainConfig, run: RunDir, options: RayOptions | None = None
+) -> AsyncIterator[RayRuntime]:
     """Connect to Ray (``cfg.ray``), start the actors, yield the runtime; stop them on exit."""
     opts = options or RayOptions()
     ray = require_ray()
+    if cfg.ray is None:
+        raise ConfigError("the Ray runtime needs --ray (local, auto, ray://host:port or a head's host:port)")
     started = connect(cfg.ray, cfg, opts)
     rt = RayRuntime(ray, cfg, run, opts)
     try:

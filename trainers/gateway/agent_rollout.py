@@ -23,27 +23,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import inspect
 import json
 import math
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import agentrl
 from agentrl.chat import ChatRenderer
 from agentrl.errors import ConfigError
-from agentrl.groups import TrajectoryGroup
 from agentrl.loading import load_object
 from agentrl.protocols import Policy
-from agentrl.rollout import EpisodeDone
+from agentrl.rollout import EpisodeDone, EpisodeFn, schedule_groups, task_id
 from agentrl.types import Trajectory, TrajectoryMeta
 
 from .server import Gateway
 from .session import GatewayConfig
+
+if TYPE_CHECKING:
+    from agentrl.trainers.train_setup import TrainConfig
 
 __all__ = [
     "AgentFn",
@@ -53,6 +53,7 @@ __all__ = [
     "JsonlTasks",
     "TaskSource",
     "agent_runner",
+    "gateway_config",
     "load_agent",
     "task_source",
 ]
@@ -140,7 +141,7 @@ class EnvTasks:
         finally:
             await env.close()
         return AgentTask(
-            f"{self.name}:{seed}", tuple(m.to_dict() for m in obs), tools=tools, info=dict(info), seed=seed
+            task_id(self.name, seed), tuple(m.to_dict() for m in obs), tools=tools, info=dict(info), seed=seed
         )
 
 
@@ -184,7 +185,7 @@ class JsonlTasks:
         obj = self.lines[seed % len(self.lines)]
         info = {k: v for k, v in obj.items() if k not in ("messages", "tools")}
         return AgentTask(
-            f"{self.name}:{seed}",
+            task_id(self.name, seed),
             tuple(obj["messages"]),
             tools=tuple(obj.get("tools") or ()),
             info=info,
@@ -216,119 +217,82 @@ class AgentRunner:
         self.agent = agent
         self.tasks = tasks
         self.gateway = gateway
+        self.concurrency = concurrency
         self._limit = asyncio.Semaphore(concurrency)
 
     async def run_session(self, task: AgentTask, meta: TrajectoryMeta) -> tuple[Trajectory, ...]:
         """One agent episode: open a session, run the agent, record the session with its reward."""
-        async with self._limit:
-            core = self.gateway.core
-            sid = self.gateway.open_session(meta)
-            try:
-                reward = await self.agent(task, self.gateway.base_url(sid))
-                if (
-                    isinstance(reward, bool)
-                    or not isinstance(reward, int | float)
-                    or not math.isfinite(reward)
-                ):
-                    raise TypeError(f"the agent returned {reward!r:.80}, not a finite number")
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                if core.finished(sid):  # it had finished the session itself
-                    return core.take_result(sid)
-                limit = core.limit_reached(sid)
-                if limit is not None:  # the gateway refused it for a limit: the model's business
-                    return await core.finish(sid, 0.0, error=(type(e).__name__, f"{limit.value}: {e}"))
-                return await core.abort(sid, type(e).__name__, f"the agent failed: {e}")
-            if core.finished(sid):
+        core = self.gateway.core
+        sid = self.gateway.open_session(meta)
+        try:
+            reward = await self.agent(task, self.gateway.base_url(sid))
+            if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+                raise TypeError(f"the agent returned {reward!r:.80}, not a finite number")
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            if core.finished(sid):  # it had finished the session itself
                 return core.take_result(sid)
-            return await core.finish(sid, float(reward))
+            limit = core.limit_reached(sid)
+            if limit is not None:  # the gateway refused it for a limit: the model's business
+                return await core.finish(sid, 0.0, error=(type(e).__name__, f"{limit.value}: {e}"))
+            return await core.abort(sid, type(e).__name__, f"the agent failed: {e}")
+        if core.finished(sid):
+            return core.take_result(sid)
+        return await core.finish(sid, float(reward))
 
-    def _meta(self, seed: int, base: TrajectoryMeta) -> TrajectoryMeta:
-        """A group's meta: the native rollout's task id and a fresh group id."""
-        source = base.env_id or self.tasks.name
-        return dataclasses.replace(
-            base, env_id=source, seed=seed, task_id=f"{source}:{seed}", group_id=uuid.uuid4().hex
-        )
+    def episodes(self, group_size: int) -> EpisodeFn:
+        """What runs one agent episode for the scheduler (:func:`agentrl.rollout.schedule_groups`): a gateway
+        session on the group's task (made once per group, shared by its members)."""
+        made: dict[str, asyncio.Future[AgentTask]] = {}  # group id -> its task, while members still need it
+        taken: dict[str, int] = {}
+
+        async def episode(seed: int, member: int, meta: TrajectoryMeta) -> tuple[Trajectory, ...]:
+            gid = meta.group_id
+            if gid not in made:
+                made[gid] = asyncio.ensure_future(self.tasks.task(seed))
+            fut = made[gid]
+            taken[gid] = taken.get(gid, 0) + 1
+            if taken[gid] == group_size:  # the last member to ask: the group no longer needs the entry
+                del made[gid], taken[gid]
+            return await self.run_session(await fut, meta)
+
+        return episode
 
     async def run_group(
         self, seed: int, group_size: int, meta: TrajectoryMeta | None = None
     ) -> list[Trajectory]:
         """``group_size`` sessions of the task of ``seed``; one list of their trajectories."""
-        task = await self.tasks.task(seed)
-        m = self._meta(seed, meta or TrajectoryMeta())
-        parts = await asyncio.gather(*(self.run_session(task, m) for _ in range(group_size)))
-        return [t for p in parts for t in p]
+        events = self.run_groups(seeds=(seed,), group_size=group_size, meta=meta)
+        return [done.trajectory async for done in events]
 
-    async def run_groups(
-        self, *, seeds: Iterable[int], group_size: int, meta: TrajectoryMeta | None = None
+    def run_groups(
+        self,
+        *,
+        seeds: Iterable[int],
+        group_size: int,
+        meta: TrajectoryMeta | None = None,
+        limit: asyncio.Semaphore | None = None,
     ) -> AsyncIterator[EpisodeDone]:
-        """Run one group per seed, all at once (the session limit applies); report each trajectory as its
-        session finishes, exactly like :func:`agentrl.rollout.run_groups` (the event that completes a group
-        carries the whole group). Cancelling the iteration cancels the agents."""
-        queue: asyncio.Queue[Sequence[EpisodeDone] | BaseException | None] = asyncio.Queue()
-        base = meta or TrajectoryMeta()
-
-        async def group(seed: int) -> None:
-            task = await self.tasks.task(seed)
-            m = self._meta(seed, base)
-            members: list[Trajectory] = []
-            left = group_size
-
-            async def session() -> None:
-                nonlocal left
-                trajs = await self.run_session(task, m)
-                members.extend(trajs)
-                left -= 1
-                events = [EpisodeDone(t) for t in trajs]
-                if left == 0 and events:  # a split session adds members: the group is all of them
-                    events[-1] = EpisodeDone(events[-1].trajectory, TrajectoryGroup(tuple(members)))
-                queue.put_nowait(events)
-
-            await asyncio.gather(*(session() for _ in range(group_size)))
-
-        async def drive() -> None:
-            groups = [asyncio.ensure_future(group(s)) for s in seeds]
-            try:
-                await asyncio.gather(*groups)
-                queue.put_nowait(None)
-            except BaseException as e:  # a task source failed (or we were cancelled): stop every group
-                for g in groups:
-                    g.cancel()
-                await asyncio.gather(*groups, return_exceptions=True)
-                if not isinstance(e, asyncio.CancelledError):
-                    queue.put_nowait(e)
-                raise
-
-        driver = asyncio.ensure_future(drive())
-        try:
-            while True:
-                item = await queue.get()
-                if item is None:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                for event in item:
-                    yield event
-        finally:
-            if not driver.done():
-                driver.cancel()
-            await asyncio.gather(driver, return_exceptions=True)
+        """Run one group per seed with the one scheduler (:func:`agentrl.rollout.schedule_groups`) under the
+        session limit (``limit``, shared with the caller's other groups, or this runner's own); report each
+        trajectory as its session finishes (the event that completes a group carries the whole group; a
+        session the agent split gives several members). Closing the iteration cancels the agents."""
+        return schedule_groups(
+            self.episodes(group_size),
+            env_id=self.tasks.name,
+            seeds=seeds,
+            group_size=group_size,
+            meta=meta,
+            concurrency=self.concurrency,
+            limit=limit or self._limit,
+        )
 
 
-@contextlib.asynccontextmanager
-async def agent_runner(cfg: Any, policy: Policy, renderer: ChatRenderer) -> AsyncIterator[AgentRunner | None]:
-    """For the trainer: an :class:`AgentRunner` with its gateway running when ``cfg.agent`` is set, else None.
-
-    ``cfg`` is a :class:`~agentrl.trainers.pg.TrainConfig`; its ``env`` is the task source and its
-    ``rollout`` settings become the gateway's limits and (fixed) temperature.
-    """
-    if getattr(cfg, "agent", None) is None:
-        yield None
-        return
-    agent = load_agent(cfg.agent)
-    tasks = task_source(cfg.env, cfg.env_kwargs)
-    config = GatewayConfig(
+def gateway_config(cfg: TrainConfig, tasks: TaskSource) -> GatewayConfig:
+    """The trainer's gateway settings: ``cfg.rollout``'s limits and (fixed) temperature, the task source's
+    tool-call parser."""
+    return GatewayConfig(
         model_name=str(cfg.model),
         parser=tasks.parser,
         max_new_tokens=cfg.rollout.max_new_tokens,
@@ -336,5 +300,20 @@ async def agent_runner(cfg: Any, policy: Policy, renderer: ChatRenderer) -> Asyn
         max_turns=cfg.rollout.max_turns,
         temperature=cfg.rollout.temperature,
     )
-    async with Gateway(policy, renderer, config, auto_sessions=False) as gateway:
+
+
+@contextlib.asynccontextmanager
+async def agent_runner(
+    cfg: TrainConfig, policy: Policy, renderer: ChatRenderer
+) -> AsyncIterator[AgentRunner | None]:
+    """For the trainer: an :class:`AgentRunner` with its gateway running in front of ``policy`` when
+    ``cfg.agent`` is set, else None. ``cfg.env`` is the task source. Under ``--ray`` each rollout worker
+    runs one in front of the inference servers (:class:`~agentrl.trainers.distributed.actors.RolloutWorker`).
+    """
+    if cfg.agent is None:
+        yield None
+        return
+    agent = load_agent(cfg.agent)
+    tasks = task_source(cfg.env, cfg.env_kwargs)
+    async with Gateway(policy, renderer, gateway_config(cfg, tasks), auto_sessions=False) as gateway:
         yield AgentRunner(agent, tasks, gateway, concurrency=cfg.rollout.concurrency)
