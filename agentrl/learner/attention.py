@@ -142,12 +142,12 @@ def attention_in_effect(model: nn.Module, implementation: str | None) -> Iterato
     """Run the block with ``model``'s attention set to ``implementation`` (None: as it is), then restore it.
 
     A model that is not a transformers model cannot switch: for it only None (or its own) is accepted."""
-    before = current_attention(model)
+    hf = _hf_model(model)
+    before = current_attention(hf if hf is not None else model)
     if implementation is None or implementation == before:
         yield
         return
-    hf = _hf_model(model)
-    if hf is None:
+    if hf is None or before is None:
         raise ConfigError(
             f"attention {implementation!r} needs a transformers model (set_attn_implementation); "
             f"{type(model).__name__} has none: use attention auto"

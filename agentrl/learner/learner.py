@@ -119,8 +119,8 @@ def plan_packed_micro_batches(
     if one_row:
         if row_tokens is None:
             row_tokens = budget if budget is not None else max(sum(int(n) for n in lengths), 1)
-        plans = plan_packed_micro_batches(lengths, budget, row_tokens)
-        return [[row] for mb in plans for row in mb]
+        grouped = plan_packed_micro_batches(lengths, budget, row_tokens)
+        return [[row] for mb in grouped for row in mb]
     if row_tokens is None:
         row_tokens = max([PACKED_ROW_TOKENS, *(int(n) for n in lengths)])
     if row_tokens < 1:

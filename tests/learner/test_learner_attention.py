@@ -5,6 +5,7 @@ eager give the padded SDPA path's log-probs, Σπ² (and, where torch can differ
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -219,3 +220,28 @@ def test_learner_flex_packed_equals_padded_sdpa_on_cuda(autocast):
         for p0, p1 in zip(padded.model.parameters(), packed.model.parameters(), strict=True):
             assert (p1 - p0).abs().max() < 1e-3
     assert packed.model.config._attn_implementation == "sdpa"
+
+
+def test_trainer_records_the_attention_and_a_resume_keeps_it(tmp_path, capsys):
+    """``--learner.attention`` reaches the CLI; ``auto`` is recorded in config.json as what it means here
+    (sdpa
+    on CPU) and printed; a resume with the default keeps the recorded value; a config.json written before
+    the field existed still loads (auto)."""
+    from agentrl.config import config_from_dict
+    from agentrl.trainers.cli import _train_config, build_parser
+    from agentrl.trainers.pg import TrainConfig, prepare_run
+
+    cfg, run = prepare_run(TrainConfig(model="tiny", device="cpu", out=str(tmp_path / "a")))
+    assert cfg.learner.attention == "sdpa"
+    assert "learner: attention=sdpa (asked: auto)" in capsys.readouterr().out
+    data = json.loads(run.config_path.read_text())
+    assert data["learner"]["attention"] == "sdpa"
+    again, _ = prepare_run(TrainConfig(model="tiny", device="cpu", resume=str(run.path)))
+    assert again.learner.attention == "sdpa"
+    del data["learner"]["attention"]
+    assert config_from_dict(TrainConfig, data).learner.attention == "auto"
+    parser = build_parser()
+    parsed = _train_config(parser.parse_args(["train", "--learner.attention", "eager", "--model", "tiny"]))
+    assert parsed.learner.attention == "eager"
+    with pytest.raises((SystemExit, ConfigError)):
+        _train_config(parser.parse_args(["train", "--learner.attention", "flash"]))
