@@ -269,9 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     hi = a.max_len or (4096 if cuda else 192)
     autocast = cuda if a.bf16_autocast is None else a.bf16_autocast
     reps = 2 if a.quick else a.reps
-    names = a.variants or (
-        "agentrl,agentrl-sdpa,agentrl-padded,floor" if cuda else "agentrl,floor"
-    )
+    names = a.variants or ("agentrl,agentrl-sdpa,agentrl-padded,floor" if cuda else "agentrl,floor")
     variants = [v for v in names.split(",") if v]
     unknown = set(variants) - set(VARIANTS)
     if unknown or "floor" not in variants or "agentrl" not in variants:
@@ -366,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
             once(name)
             if k == 0:
                 first[name] = time.perf_counter() - t0
+                # Written at once: a run cut short by its time limit still tells what the compiles cost.
+                res["first_update_s"] = {n: round(t, 2) for n, t in first.items()}
+                write()
+                print(f"{name:>15}: first update {first[name]:.1f} s (compiles included)", flush=True)
     # Repetitions alternate between the variants, so a shared machine's load changes hit all of them alike.
     times: dict[str, list[float]] = {n: [] for n in variants}
     score_times: dict[str, list[float]] = {n: [] for n in variants}

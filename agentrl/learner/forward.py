@@ -251,7 +251,8 @@ def forward_logprobs(
 
 # Attention implementations whose transformers code keeps packed sequences apart when it is given position ids
 # and no attention mask (SDPA/eager/flex through masking_utils' packed-sequence mask, FlashAttention through
-# its varlen kernel).
+# its varlen kernel, which transformers uses for a batch of one packed row: the learner lays micro-batches out
+# so for it, agentrl.learner.attention.one_row_per_micro_batch).
 _PACKABLE_ATTENTION = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
 _PACKING: weakref.WeakKeyDictionary[nn.Module, str | None] = weakref.WeakKeyDictionary()
 
