@@ -6,9 +6,17 @@ the same tokens, packed into the same rows (per-sequence position ids, no paddin
 no-grad forward (``model(...)``, full logits) and a forward with ``labels`` plus backward per packed row, then
 the same gradient clip and AdamW step. Variants:
 
-* ``agentrl``: the learner as configured (packed micro-batches, chunked LM head with Σπ² and entropy);
-* ``agentrl-padded``: the same with ``pack_sequences=False`` (right-padded rows of similar length);
-* ``floor``: as above.
+* ``agentrl``: the learner as configured (packed micro-batches, chunked LM head with Σπ² and entropy), with
+  ``--attention`` (``auto``: flash_attention_2 where flash_attn imports on CUDA, else flex_attention on CUDA,
+  else the model's own sdpa; flex/flash lay each micro-batch out as one packed row);
+* ``agentrl-sdpa``: the same with SDPA attention (packed rows get a dense block-diagonal mask);
+* ``agentrl-flex``: the same with flex_attention (CUDA; torch's flex backward does not run on CPU);
+* ``agentrl-padded``: SDPA with ``pack_sequences=False`` (right-padded rows of similar length);
+* ``floor``: as above, with ``agentrl``'s attention and layout;
+* ``floor-sdpa``: as above, with SDPA on ``agentrl-sdpa``'s layout.
+
+Compiled kernels (flex_attention) compile during a variant's first update: ``first_s`` records that update's
+seconds (compile included); the timed repetitions after the warm-up are steady state.
 
 Each runs ``--warmup`` times, then ``--reps`` times; the median counts. Reported: real tokens/s, seconds per
 update, the scoring pass's share of it, the ratio to the floor, MFU on CUDA (8 · N · real tokens against
@@ -23,7 +31,8 @@ CPU)::
 
     python benchmarks/learner_throughput.py --threads 1 --md docs/benchmarks/learner.md   # CPU, SmolLM2
     python benchmarks/learner_throughput.py --device cuda --quick --out learner.json
-    python benchmarks/learner_throughput.py --device cpu --shape qwen-tiny --quick
+    python benchmarks/learner_throughput.py --device cpu --shape qwen-tiny --quick --attention eager \
+        --variants agentrl,agentrl-sdpa,agentrl-padded,floor,floor-sdpa
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ import torch
 
 from agentrl.batch import TokenBatch, pack_rows
 from agentrl.learner import Learner, LearnerConfig
+from agentrl.learner.attention import ATTENTION_CHOICES, attention_in_effect
 
 PEAK_BF16_FLOPS = 989e12
 """Dense bf16 TFLOP/s of an H100 SXM (the MFU denominator of the issue)."""
@@ -161,10 +171,22 @@ def agentrl_update(learner: Learner, batch: TokenBatch, adv: torch.Tensor) -> fl
 
 
 def floor_update(
+    model: Any,
+    opt: torch.optim.Optimizer,
+    batch: TokenBatch,
+    plans: list[list[list[int]]],
+    autocast: bool,
+    attention: str | None = None,
+) -> float:
+    """Plain HF on the same packed rows, one at a time, with ``attention`` (None: the model's own): a no-grad
+    forward, forward with labels + backward, clip, AdamW. Returns the no-grad pass's seconds."""
+    with attention_in_effect(model, attention):
+        return _floor_update(model, opt, batch, plans, autocast)
+
+
+def _floor_update(
     model: Any, opt: torch.optim.Optimizer, batch: TokenBatch, plans: list[list[list[int]]], autocast: bool
 ) -> float:
-    """Plain HF on the same packed rows, one at a time: a no-grad forward, forward with labels + backward,
-    clip, AdamW. Returns the no-grad pass's seconds."""
     dev = batch.input_ids_B_T.device
     rows = [pack_rows(batch, [row]) for mb in plans for row in mb]
     ctx: Callable[[], Any] = (
@@ -214,11 +236,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch-tokens", type=int, default=0, help="0 = chosen for the device")
     ap.add_argument("--chunk-size", type=int, default=0, help="0 = chosen for the device")
     ap.add_argument("--bf16-autocast", action=argparse.BooleanOptionalAction, default=None)
+    ap.add_argument(
+        "--attention",
+        default="auto",
+        choices=ATTENTION_CHOICES,
+        help="the agentrl and floor variants' attention (auto: flash_attention_2 / flex_attention on CUDA)",
+    )
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="2 timed repetitions (CUDA: well under 150 s)")
     ap.add_argument(
-        "--variants", default=None, help="CUDA: agentrl,agentrl-padded,floor; CPU: agentrl,floor (it is slow)"
+        "--variants",
+        default=None,
+        help=f"of {','.join(VARIANTS)}; CUDA: agentrl,agentrl-sdpa,agentrl-padded,floor (and "
+        "agentrl-flex when auto is flash_attention_2); CPU: agentrl,floor (it is slow)",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -238,11 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     hi = a.max_len or (4096 if cuda else 192)
     autocast = cuda if a.bf16_autocast is None else a.bf16_autocast
     reps = 2 if a.quick else a.reps
-    names = a.variants or ("agentrl,agentrl-padded,floor" if cuda else "agentrl,floor")
+    names = a.variants or ("agentrl,agentrl-sdpa,agentrl-padded,floor" if cuda else "agentrl,floor")
     variants = [v for v in names.split(",") if v]
-    unknown = set(variants) - {"agentrl", "agentrl-padded", "floor"}
+    unknown = set(variants) - set(VARIANTS)
     if unknown or "floor" not in variants or "agentrl" not in variants:
-        ap.error(f"--variants must list agentrl and floor (and may list agentrl-padded); got {names}")
+        ap.error(f"--variants must list agentrl and floor (and may list {', '.join(VARIANTS)}); got {names}")
     torch.manual_seed(a.seed)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -260,14 +291,30 @@ def main(argv: list[str] | None = None) -> int:
         micro_batch_tokens=a.micro_batch_tokens,
         chunk_size=a.chunk_size,
         bf16_autocast=autocast,
+        attention=a.attention,
     )
     learner = Learner(model, cfg)
+    if cuda and a.variants is None and learner._attention() == "flash_attention_2":
+        variants.insert(1, "agentrl-flex")
     budget, chunk = learner._budget(), learner._chunk()
-    plans = {
-        "agentrl": learner._micro(batch, model),
-        "agentrl-padded": [[[i] for i in mb] for mb in _padded_plan(lengths, budget)],
-    }
-    plans["floor"] = plans["agentrl"]
+
+    def config_of(name: str) -> LearnerConfig:
+        kind = VARIANTS[name]
+        fields = _fields(cfg)
+        if kind is not None:
+            fields.update(attention=kind[0], pack_sequences=kind[1])
+        return LearnerConfig(**fields)
+
+    plans: dict[str, list[list[list[int]]]] = {}
+    attention: dict[str, str | None] = {}
+    for name in VARIANTS:
+        learner.config = config_of(name)
+        if name in variants or name in ("agentrl", "agentrl-sdpa", "agentrl-padded"):
+            plans[name] = learner._micro(batch, model)
+            attention[name] = learner._attention()
+    plans["floor"], attention["floor"] = plans["agentrl"], attention["agentrl"]
+    plans["floor-sdpa"], attention["floor-sdpa"] = plans["agentrl-sdpa"], attention["agentrl-sdpa"]
+    learner.config = cfg
     import transformers
 
     res: dict[str, Any] = {
@@ -285,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         "chunk_size": chunk,
         "bf16_autocast": autocast,
         "packed": learner._packs(model),
+        "attention": {n: attention[n] or "model's own" for n in variants},
         "warmup": a.warmup,
         "reps": reps,
         "build_s": round(time.perf_counter() - t_build, 1),
@@ -294,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{res['device']}: {shape} ({n_params / 1e6:.0f} M parameters), {rows} rows of {lo}-{hi} tokens, "
         f"{real} real tokens; micro_batch_tokens={budget} chunk_size={chunk} bf16_autocast={autocast} "
-        f"packed={res['packed']}",
+        f"packed={res['packed']} attention={res['attention']}",
         flush=True,
     )
 
@@ -302,20 +350,24 @@ def main(argv: list[str] | None = None) -> int:
         if a.out:
             Path(a.out).write_text(json.dumps(res, indent=1))
 
-    def use(name: str) -> None:
-        learner.config = (
-            LearnerConfig(**{**_fields(cfg), "pack_sequences": False}) if name == "agentrl-padded" else cfg
-        )
-
     def once(name: str) -> float:
-        use(name)
-        if name == "floor":
-            return floor_update(model, learner.optimizer, batch, plans["floor"], autocast)
+        learner.config = config_of(name)
+        if name.startswith("floor"):
+            return floor_update(model, learner.optimizer, batch, plans[name], autocast, attention[name])
         return agentrl_update(learner, batch, adv)
 
+    # The first update of each variant compiles what it compiles (flex_attention): timed on its own.
+    first: dict[str, float] = {}
     for name in variants:
-        for _ in range(a.warmup):
+        for k in range(a.warmup):
+            t0 = time.perf_counter()
             once(name)
+            if k == 0:
+                first[name] = time.perf_counter() - t0
+                # Written at once: a run cut short by its time limit still tells what the compiles cost.
+                res["first_update_s"] = {n: round(t, 2) for n, t in first.items()}
+                write()
+                print(f"{name:>15}: first update {first[name]:.1f} s (compiles included)", flush=True)
     # Repetitions alternate between the variants, so a shared machine's load changes hit all of them alike.
     times: dict[str, list[float]] = {n: [] for n in variants}
     score_times: dict[str, list[float]] = {n: [] for n in variants}
@@ -338,14 +390,18 @@ def main(argv: list[str] | None = None) -> int:
             "padded_tokens": padded,
             "micro_batches": len(plans[name]),
             "peak_gib": round(peaks[name].peak / 2**30, 2),
+            "attention": attention[name] or "model's own",
         }
+        if name in first:
+            row["first_s"] = round(first[name], 2)
         if cuda:
             row["mfu"] = round(8 * n_params * real / sec / PEAK_BF16_FLOPS, 4)
         res["variants"][name] = row
         write()
         mfu = f", MFU {row['mfu'] * 100:.1f} %" if cuda else ""
+        warm = f", first update {first[name]:.1f} s" if name in first else ""
         print(
-            f"{name:>15}: {row['tokens_per_s']:>9,.0f} tokens/s, {sec:.2f} s/update "
+            f"{name:>15}: {row['tokens_per_s']:>9,.0f} tokens/s, {sec:.2f} s/update{warm} "
             f"(scoring {row['score_share']:.0%}), padding {pad:.1%}, {len(plans[name])} micro-batches, "
             f"peak {row['peak_gib']:.2f} GiB{mfu}",
             flush=True,
@@ -353,9 +409,16 @@ def main(argv: list[str] | None = None) -> int:
     v = res["variants"]
     ratio = v["agentrl"]["tokens_per_s"] / v["floor"]["tokens_per_s"]
     res["learner_over_floor"] = round(ratio, 3)
-    if "agentrl-padded" in v:
-        res["padded_over_floor"] = round(v["agentrl-padded"]["tokens_per_s"] / v["floor"]["tokens_per_s"], 3)
-        print(f"agentrl-padded/floor: {res['padded_over_floor']:.2f}x")
+    for other in ("agentrl-sdpa", "agentrl-flex", "agentrl-padded"):
+        if other in v:
+            key = other.removeprefix("agentrl-") + "_over_floor"
+            res[key] = round(v[other]["tokens_per_s"] / v["floor"]["tokens_per_s"], 3)
+            print(f"{other}/floor: {res[key]:.2f}x")
+    if "agentrl-sdpa" in v and "floor-sdpa" in v:
+        res["sdpa_over_floor_sdpa"] = round(
+            v["agentrl-sdpa"]["tokens_per_s"] / v["floor-sdpa"]["tokens_per_s"], 3
+        )
+        print(f"agentrl-sdpa/floor-sdpa: {res['sdpa_over_floor_sdpa']:.2f}x")
     res["load_average"] = round(os.getloadavg()[0], 1)
     write()
     if a.md:
@@ -379,8 +442,8 @@ def markdown(res: dict[str, Any]) -> str:
     precision = "fp32 weights + bf16 autocast" if res["bf16_autocast"] else "fp32"
     lo, hi = res["lengths"]
     head = (
-        "| variant | real tokens/s | s / update | scoring share | vs floor | padding | micro-batches "
-        "| peak GiB |"
+        "| variant | attention | real tokens/s | s / update | first update s | scoring share | vs floor "
+        "| padding | micro-batches | peak GiB |"
     )
     lines = [
         "## Learner throughput: the update against the packed floor",
@@ -389,7 +452,9 @@ def markdown(res: dict[str, Any]) -> str:
         "`Learner.step`: forward, backward, clip, AdamW) against the floor: plain Hugging Face training",
         "on the same real tokens in the same packed rows (one no-grad forward, then forward with labels +",
         "backward per packed row, the same clip and AdamW step). Repetitions alternate between the",
-        "variants; medians. Targets (issue 26): ≥ 0.9x the floor, padding ≤ 5 %.",
+        "variants; medians. Targets (issue 26): ≥ 0.9x the floor, padding ≤ 5 %. `floor` runs",
+        "`agentrl`'s attention and layout, `floor-sdpa` SDPA on `agentrl-sdpa`'s; the first update of each",
+        "variant (compile included, for flex_attention) is not among the timed ones.",
         "",
         f"Machine: {where}; torch {res['torch']}, transformers {res['transformers']}. Model: {res['shape']} "
         f"({res['parameters'] / 1e6:.0f} M parameters, {precision}). Batch: {res['rows']} rows of {lo}–{hi} "
@@ -398,12 +463,13 @@ def markdown(res: dict[str, Any]) -> str:
         "timed updates per variant.",
         "",
         head + (" MFU |" if cuda else ""),
-        "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if cuda else ""),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if cuda else ""),
     ]
     floor = v["floor"]["tokens_per_s"]
     for name, r in v.items():
         row = (
-            f"| {name} | {r['tokens_per_s']:,.0f} | {r['median_s']:.2f} | {r['score_share']:.0%} | "
+            f"| {name} | {r.get('attention', '')} | {r['tokens_per_s']:,.0f} | {r['median_s']:.2f} | "
+            f"{r.get('first_s', float('nan')):.2f} | {r['score_share']:.0%} | "
             f"{r['tokens_per_s'] / floor:.2f}x | {r['padding']:.1%} | {r['micro_batches']} | "
             f"{r['peak_gib']:.2f} |"
         )
@@ -419,14 +485,19 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+VARIANTS: dict[str, tuple[str, bool] | None] = {
+    "agentrl": None,
+    "agentrl-sdpa": ("sdpa", True),
+    "agentrl-flex": ("flex_attention", True),
+    "agentrl-padded": ("sdpa", False),
+    "floor": None,
+    "floor-sdpa": None,
+}
+"""Each variant's (attention, pack_sequences) for the learner; None: the command line's."""
+
+
 def _fields(cfg: LearnerConfig) -> dict[str, Any]:
     return {f: getattr(cfg, f) for f in cfg.__slots__}
-
-
-def _padded_plan(lengths: list[int], budget: int | None) -> list[list[int]]:
-    from agentrl.learner import plan_micro_batches
-
-    return plan_micro_batches(lengths, budget)
 
 
 if __name__ == "__main__":

@@ -460,6 +460,7 @@ def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, RunDir]:
             raise ConfigError(f"{run.path} already holds a run; pass --resume {run.path} to continue it")
         cfg = dataclasses.replace(cfg, out=str(run.path))
         cfg = _size_learner(cfg)
+        cfg = _learner_attention(cfg)
     run.write_config(cfg)
     return cfg, run
 
@@ -469,7 +470,20 @@ def _keep_saved_sizes(cfg: TrainConfig, saved: TrainConfig) -> TrainConfig:
     lc = cfg.learner
     mbt = saved.learner.micro_batch_tokens if lc.micro_batch_tokens == 0 else lc.micro_batch_tokens
     chunk = saved.learner.chunk_size if lc.chunk_size == 0 else lc.chunk_size
-    return dataclasses.replace(cfg, learner=dataclasses.replace(lc, micro_batch_tokens=mbt, chunk_size=chunk))
+    attention = saved.learner.attention if lc.attention == "auto" else lc.attention
+    lc = dataclasses.replace(lc, micro_batch_tokens=mbt, chunk_size=chunk, attention=attention)
+    return dataclasses.replace(cfg, learner=lc)
+
+
+def _learner_attention(cfg: TrainConfig) -> TrainConfig:
+    """Replace ``--learner.attention auto`` by the implementation it means on this device (recorded in
+    config.json; agentrl.learner.attention), and say which."""
+    from agentrl.learner.attention import resolve_attention
+    from agentrl.models import resolve_device
+
+    impl = resolve_attention(cfg.learner.attention, resolve_device(cfg.device).type)
+    print(f"learner: attention={impl} (asked: {cfg.learner.attention})")
+    return dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, attention=impl))  # type: ignore[arg-type]
 
 
 def _size_learner(cfg: TrainConfig) -> TrainConfig:

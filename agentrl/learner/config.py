@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from agentrl.errors import ConfigError
+from agentrl.learner.attention import ATTENTION_CHOICES, AttentionName
 from agentrl.learner.losses import PolicyLossName
 from agentrl.learner.schedule import LRScheduleName, validate_options
 
@@ -86,6 +87,12 @@ class LearnerConfig:
     """length-triggered: the factor each trigger multiplies the rate by."""
     lr_floor: float = 0.1
     """length-triggered: the rate never goes below this fraction of ``lr``."""
+    attention: AttentionName = "auto"
+    """Attention implementation of the learner's passes (:mod:`agentrl.learner.attention`): ``auto``
+    (flash_attention_2 where flash_attn imports on CUDA, else flex_attention on CUDA, else sdpa; on CPU the
+    model's own, sdpa), ``sdpa``, ``flex_attention``, ``flash_attention_2`` or ``eager``. Set on the model
+    only during the learner's passes; a sampler sharing the model keeps its own. Packed rows take the
+    document-masked kernels (flex, flash) without a dense [T, T] mask."""
 
     def __post_init__(self) -> None:
         if self.policy_loss not in ("ppo", "reinforce"):
@@ -113,6 +120,8 @@ class LearnerConfig:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
         if self.chunk_size < 0:
             raise ConfigError(f"chunk_size must be >= 1 or 0 (for the device), got {self.chunk_size}")
+        if self.attention not in ATTENTION_CHOICES:
+            raise ConfigError(f"attention must be one of {ATTENTION_CHOICES}, got {self.attention!r}")
         validate_options(self.lr_schedule, self.lr_window, self.lr_trigger, self.lr_decay, self.lr_floor)
 
 

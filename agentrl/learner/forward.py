@@ -251,13 +251,15 @@ def forward_logprobs(
 
 # Attention implementations whose transformers code keeps packed sequences apart when it is given position ids
 # and no attention mask (SDPA/eager/flex through masking_utils' packed-sequence mask, FlashAttention through
-# its varlen kernel).
+# its varlen kernel, which transformers uses for a batch of one packed row: the learner lays micro-batches out
+# so for it, agentrl.learner.attention.one_row_per_micro_batch).
 _PACKABLE_ATTENTION = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
 _PACKING: weakref.WeakKeyDictionary[nn.Module, str | None] = weakref.WeakKeyDictionary()
 
 
-def _static_packing_obstacle(model: nn.Module) -> str | None:
-    """Why ``model`` cannot take packed rows, judged from its code alone; None when it can."""
+def _static_packing_obstacle(model: nn.Module, attention: str | None = None) -> str | None:
+    """Why ``model`` cannot take packed rows with ``attention`` (None: its own implementation), judged from
+    its code alone; None when it can."""
     masking = sys.modules.get("transformers.masking_utils")
     if masking is None:
         try:
@@ -268,7 +270,7 @@ def _static_packing_obstacle(model: nn.Module) -> str | None:
         return "this transformers does not detect packed sequences from position ids"
     if "position_ids" not in inspect.signature(model.forward).parameters:
         return f"{type(model).__name__}.forward takes no position_ids"
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    impl = attention or getattr(getattr(model, "config", None), "_attn_implementation", None)
     if impl not in _PACKABLE_ATTENTION:
         return f"attention implementation {impl!r} is not one of {_PACKABLE_ATTENTION}"
     # The model's own modeling file must build its mask with masking_utils (which finds the sequences).
@@ -333,15 +335,18 @@ def _probe_packing(model: nn.Module) -> str | None:
     return None
 
 
-def packing_support(model: nn.Module) -> str | None:
+def packing_support(model: nn.Module, attention: str | None = None) -> str | None:
     """None when ``model`` can score packed rows (several sequences per row, told apart by position ids, no
-    attention mask), else why not (then the learner pads rows instead). Checked once per model: its code
-    (transformers' packed-sequence detection, position ids, a known attention implementation) and, for
-    float32 weights, a probe that compares packed and padded log-probs."""
-    if model in _PACKING:
-        return _PACKING[model]
-    why = _static_packing_obstacle(model)
-    if why is None:
-        why = _probe_packing(model)
-    _PACKING[model] = why
-    return why
+    attention mask) with the attention implementation ``attention`` (None: the model's own), else why not
+    (then the learner pads rows instead). Judged from its code (transformers' packed-sequence detection,
+    position ids, a known attention implementation) and, for float32 weights, a probe that compares packed
+    and padded log-probs with the model's own implementation: the probe checks that the model's code keeps
+    the sequences apart, which does not depend on the kernel (and a compiled kernel's warm-up would cost
+    seconds). The probe runs once per model."""
+    why = _static_packing_obstacle(model, attention)
+    if why is not None:
+        return why
+    if model not in _PACKING:
+        why = _static_packing_obstacle(model)
+        _PACKING[model] = why if why is not None else _probe_packing(model)
+    return _PACKING[model]

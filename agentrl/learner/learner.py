@@ -23,6 +23,7 @@ from torch import nn
 from agentrl.batch import PackedBatch, TokenBatch, pack_rows
 from agentrl.errors import ConfigError
 from agentrl.heap import trim_heap
+from agentrl.learner.attention import attention_in_effect, one_row_per_micro_batch, resolve_attention
 from agentrl.learner.config import LearnerConfig, LearnerStats
 from agentrl.learner.distributed import all_reduce_floats, world_size
 from agentrl.learner.forward import ForwardOutput, forward_logprobs, packing_support
@@ -33,6 +34,7 @@ from agentrl.learner.sizing import LearnerSizes, ModelShape, device_sizes
 log = logging.getLogger(__name__)
 _TOLD_NO_PACKING: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 _SIZES: weakref.WeakKeyDictionary[Learner, LearnerSizes] = weakref.WeakKeyDictionary()
+_ATTENTION: weakref.WeakKeyDictionary[Learner, tuple[str, str | None]] = weakref.WeakKeyDictionary()
 
 __all__ = ["PACKED_ROW_TOKENS", "Learner", "plan_micro_batches", "plan_packed_micro_batches"]
 
@@ -97,7 +99,7 @@ def _balanced(rows: list[int], lengths: Sequence[int], k: int) -> list[list[int]
 
 
 def plan_packed_micro_batches(
-    lengths: Sequence[int], budget: int | None, row_tokens: int | None = None
+    lengths: Sequence[int], budget: int | None, row_tokens: int | None = None, *, one_row: bool = False
 ) -> list[list[list[int]]]:
     """Split rows into micro-batches of packed rows: each micro-batch is a list of packed rows, each the list
     of source rows laid end to end in it, with at most ``budget`` tokens per micro-batch (packed rows ×
@@ -108,7 +110,17 @@ def plan_packed_micro_batches(
     and a micro-batch of its own); packed rows of similar fill form a
     micro-batch, whose rows are then rebalanced when that shortens its longest one. The only padding left
     is after each packed row's end, up to the micro-batch's longest packed row.
+
+    ``one_row``: every micro-batch is a single packed row of up to ``budget`` tokens (``row_tokens`` by
+    default the budget, or the whole batch), no padding at all; for the attention kernels that keep packed
+    sequences apart at no extra cost (FlashAttention's varlen path needs it: transformers finds packed
+    sequences only in a batch of one row; flex_attention's block mask skips the blocks between sequences).
     """
+    if one_row:
+        if row_tokens is None:
+            row_tokens = budget if budget is not None else max(sum(int(n) for n in lengths), 1)
+        grouped = plan_packed_micro_batches(lengths, budget, row_tokens)
+        return [[row] for mb in grouped for row in mb]
     if row_tokens is None:
         row_tokens = max([PACKED_ROW_TOKENS, *(int(n) for n in lengths)])
     if row_tokens < 1:
@@ -171,6 +183,7 @@ class Learner:
         )
         if self.config.gradient_checkpointing and self._checkpointing_switch() is None:
             raise ConfigError("gradient_checkpointing needs an HF model (activation_checkpointing_enable)")
+        self._attention()  # an attention implementation that cannot run here fails now, not mid-step
 
     # ---------------------------------------------------------------------------------------------
     @property
@@ -221,11 +234,29 @@ class Learner:
         finally:
             disable()
 
+    def _attention(self) -> str | None:
+        """The attention implementation of the learner's passes (None: the model's own), resolved once per
+        setting (:func:`resolve_attention`; ``auto`` off CUDA keeps the model's own)."""
+        want = self.config.attention
+        got = _ATTENTION.get(self)
+        if got is None or got[0] != want:
+            impl: str | None = resolve_attention(want, self.device.type)
+            if want == "auto" and self.device.type != "cuda":
+                impl = None
+            got = (want, impl)
+            _ATTENTION[self] = got
+            log.info("learner attention: %s (asked: %s)", impl or "the model's own", want)
+        return got[1]
+
+    def _attending(self, model: nn.Module) -> AbstractContextManager[None]:
+        """The learner's attention implementation on ``model`` for one pass (restored after it)."""
+        return attention_in_effect(model, self._attention())
+
     def _packs(self, model: nn.Module) -> bool:
         """Whether ``model``'s micro-batches are packed rows (``pack_sequences`` and a model that can)."""
         if not self.config.pack_sequences:
             return False
-        why = packing_support(model)
+        why = packing_support(model, self._attention())
         if why is not None and model not in _TOLD_NO_PACKING:
             _TOLD_NO_PACKING.add(model)
             log.warning("the learner pads rows instead of packing them: %s", why)
@@ -271,7 +302,8 @@ class Learner:
         """Micro-batches as lists of rows to lay out, each a list of source rows (one per row unpacked)."""
         lengths = batch.lengths_B.tolist()
         if self._packs(model):
-            return plan_packed_micro_batches(lengths, self._budget())
+            one_row = one_row_per_micro_batch(self._attention())
+            return plan_packed_micro_batches(lengths, self._budget(), one_row=one_row)
         return [[[i] for i in rows] for rows in plan_micro_batches(lengths, self._budget())]
 
     def _forward(self, model: nn.Module, mb: PackedBatch, *, spi2: bool, entropy: bool) -> ForwardOutput:
@@ -314,7 +346,7 @@ class Learner:
         was_training = model.training
         model.eval()  # deterministic scores (no dropout)
         try:
-            with torch.no_grad():
+            with torch.no_grad(), self._attending(model):
                 for rows, dummy in plans:
                     mb = pack_rows(batch, rows)
                     out = self._forward(model, mb, spi2=spi2, entropy=False)
@@ -392,7 +424,8 @@ class Learner:
         for rows, dummy in plans:
             mb = pack_rows(batch, rows)
             w_mb = mb.gather(weight)
-            with self._recompute(budget is not None and mb.num_tokens > budget) as rc:
+            over = budget is not None and mb.num_tokens > budget
+            with self._attending(self.model), self._recompute(over) as rc:
                 recomputed += rc and not cfg.gradient_checkpointing
                 loss, pg, clipped, kl, ent, lp = self._micro_loss(
                     mb, w_mb, mb.gather(adv), None if ref is None else mb.gather(ref), dummy

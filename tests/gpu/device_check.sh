@@ -26,7 +26,10 @@ part sandbox 60 python3 -m agentrl.sandbox
 part gpu_tests 170 python3 -m pytest -m gpu tests/gpu -rA -q -p no:cacheprovider -o addopts="" --timeout 160
 part precision 50 python3 benchmarks/precision_cuda.py --device cuda --json "$OUT/precision.json"
 if [ -f benchmarks/learner_throughput.py ]; then
-  part throughput 130 python3 benchmarks/learner_throughput.py --device cuda --quick --out "$OUT/throughput.json" --md "$OUT/learner.md"
+  # The learner's attention (issue 26): packed flex_attention (auto on this image: no flash_attn) == padded SDPA,
+  # then the update with auto (flex), packed SDPA, padded SDPA and the floor (auto's attention), 0.5B shape.
+  part attention_tests 90 python3 -m pytest -m gpu tests/learner/test_learner_attention.py -rA -q -p no:cacheprovider -o addopts="" --timeout 80
+  part throughput 150 python3 benchmarks/learner_throughput.py --device cuda --quick --out "$OUT/throughput.json" --md "$OUT/learner.md"
 fi
 part lora 90 python3 benchmarks/lora_cuda.py --device cuda --json "$OUT/lora.json"
 echo; echo "| part | result |"; echo "|---|---|"

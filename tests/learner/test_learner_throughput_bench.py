@@ -21,12 +21,22 @@ def test_learner_throughput_benchmark_runs(tmp_path, capsys):
     out, md = tmp_path / "r.json", tmp_path / "r.md"
     argv = ["--shape", "qwen-tiny", "--rows", "5", "--min-len", "8", "--max-len", "40", "--warmup", "0"]
     argv += ["--reps", "1", "--micro-batch-tokens", "64", "--chunk-size", "16", "--bf16-autocast"]
-    argv += ["--variants", "agentrl,agentrl-padded,floor"]
+    # eager stands in for CUDA's flex_attention (whose backward does not run on CPU): the same switch of the
+    # learner's and the floor's attention, against the SDPA variants.
+    argv += ["--attention", "eager", "--variants", "agentrl,agentrl-sdpa,agentrl-padded,floor,floor-sdpa"]
     assert bench.main([*argv, "--out", str(out), "--md", str(md)]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     res = json.loads(out.read_text())
     pad = res["variants"]["agentrl"]["padding"]
     assert last == f"learner/floor: {res['learner_over_floor']:.2f}x, padding {pad:.0%}"
-    assert set(res["variants"]) == {"agentrl", "agentrl-padded", "floor"}
+    assert set(res["variants"]) == {"agentrl", "agentrl-sdpa", "agentrl-padded", "floor", "floor-sdpa"}
+    assert res["attention"] == {
+        "agentrl": "eager",
+        "agentrl-sdpa": "sdpa",
+        "agentrl-padded": "sdpa",
+        "floor": "eager",
+        "floor-sdpa": "sdpa",
+    }
+    assert {"sdpa_over_floor", "padded_over_floor", "sdpa_over_floor_sdpa"} <= set(res)
     assert res["packed"] and res["variants"]["agentrl"]["padding"] <= res["padded_layout_padding"]
     assert "| agentrl |" in md.read_text() and "learner/floor:" in md.read_text()
