@@ -175,8 +175,8 @@ def test_otb_two_sample_episode_by_hand():
     w = 1 - 2 * torch.exp(torch.tensor(-0.5, dtype=F64)).item() + 0.5
     # k = 0: all three alive, W = w each; G = 1 (A), 0 (B), 1 (C) → baseline 2/3.
     assert A[0, 0].item() == pytest.approx(1 - 2 / 3)
-    # k = 2 (A's sample 1, token 0): A and C alive with equal W → baseline 1 → advantage 0.
-    assert A[1, 0].item() == pytest.approx(0.0, abs=1e-9)
+    # k = 2 (A's sample 1, token 0): A (reward-to-go 0.75) and C (1) alive with equal W → baseline 0.875.
+    assert A[1, 0].item() == pytest.approx(0.75 - 0.875)
     # k = 4: A (length 5) is the unique longest → zero tail → advantage = return 0.75 (its reward-to-go).
     assert A[1, 2].item() == pytest.approx(0.75)
     assert w > 0
