@@ -190,3 +190,18 @@ def test_collated_split_episodes_get_otb_across_samples():
     m = batch.loss_mask_B_T.bool()
     assert not torch.equal(adv, OTB().advantages(*args))
     assert (adv[0][m[0]] != 0).any()
+
+
+# ------------------------------------------------------------------------------------------- staleness
+def test_staleness_is_per_sample_and_the_bound_per_episode():
+    from agentrl.staleness import episode_staleness, oldest_version, trajectory_staleness
+
+    s0, s1 = episode("g", "a", [0.0, 1.0])
+    s0 = dataclasses.replace(s0, meta=dataclasses.replace(s0.meta, policy_version=2))
+    s1 = dataclasses.replace(s1, meta=dataclasses.replace(s1.meta, policy_version=4))
+    assert [trajectory_staleness(t, 5) for t in (s0, s1)] == [3, 1]
+    assert episode_staleness((s0, s1), 5) == 3  # the episode is as stale as its oldest sample
+    g = TrajectoryGroup([s0, s1, sample("g", "b")])  # b: version 3
+    assert oldest_version(g) == 2  # what admission checks the bound on: every sample of every episode
+    with pytest.raises(ConfigError):
+        episode_staleness((), 5)
