@@ -88,3 +88,51 @@ def test_a_sample_without_its_siblings_still_renders(tmp_path: Path) -> None:
     lone = dataclasses.replace(traj("z", 1, 2))
     data = page_data(replay.write_html([lone], tmp_path / "p.html"))
     assert data["trajectories"][0]["ep"]["links"] == [[0, None], [1, 0]]
+
+
+# --------------------------------------------------------------------------------- replay --step K
+def split_first_episode(scripted_run: Path, dst: Path, step: int) -> tuple[Path, int]:
+    """A copy of the run whose first trajectory of ``step`` is sample 0 of a 2-sample episode (reward moved
+    to sample 1, a copy of it written right after): the episode's return, the group's size in episodes and
+    the step's other groups are unchanged. Returns (run path, run position of sample 0)."""
+    from .helpers import copy_run
+
+    run = copy_run(scripted_run, dst)
+    path = run / "trajectories.jsonl"
+    recs = [json.loads(x) for x in path.read_text().splitlines()]
+    k = next(i for i, r in enumerate(recs) if r["meta"]["step"] == step and r["reward"] != 0)
+    a, b = recs[k], json.loads(json.dumps(recs[k]))
+    a["meta"].update(sample_index=0, num_samples=2)
+    b["meta"].update(sample_index=1, num_samples=2)
+    a["rewards"], a["reward"] = [0.0] * len(a["rewards"]), 0.0
+    recs.insert(k + 1, b)
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return run, k
+
+
+@pytest.mark.slow
+def test_replay_step_recomputes_credit_across_the_samples(scripted_run: Path, tmp_path: Path, tok) -> None:
+    from agentrl.trainers import replay as rerun
+    from agentrl.trainers.replay.reproduce import step_batch
+
+    path, k = split_first_episode(scripted_run, tmp_path / "run", 1)
+    run = replay.load(path)
+    _all_idx, trained = step_batch(run, 1)
+    assert k in trained and k + 1 in trained and trained.index(k + 1) == trained.index(k) + 1
+    assert len(trained) == 9  # the step's 8 episodes, one of them in two samples
+    adv = rerun.step_advantages(run, 1, tokenizer=tok)
+    assert set(adv) == set(trained)
+    t0, t1 = run.trajectories[k], run.trajectories[k + 1]
+    a0 = [x for x, m in zip(adv[k], t0.loss_mask, strict=True) if m]
+    a1 = [x for x, m in zip(adv[k + 1], t1.loss_mask, strict=True) if m]
+    # Sample 0 earned nothing itself, but its tokens' return-to-go includes what sample 1 earned: under
+    # per-sample credit its advantages would be those of a zero-reward member (all below the baseline).
+    assert all(x is not None for x in a0 + a1) and max(a0) > 0
+    # The other groups of the step are credited as in the recorded run.
+    orig = rerun.step_advantages(replay.load(scripted_run), 1, tokenizer=tok)
+    gid = t0.meta.group_id
+    for i in trained:
+        t = run.trajectories[i]
+        if t.meta.group_id != gid:
+            j = i if i < k else i - 1  # positions after the inserted line moved by one
+            assert adv[i] == pytest.approx(orig[j], abs=1e-6)
