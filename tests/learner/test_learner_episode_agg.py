@@ -1,4 +1,4 @@
-"""Loss aggregation over multi-sample episodes: the episode-normalised options, by hand and in a learner step."""
+"""Loss aggregation over multi-sample episodes: the episode-normalised options, by hand and in a step."""
 
 from __future__ import annotations
 

@@ -136,3 +136,11 @@ def test_replay_step_recomputes_credit_across_the_samples(scripted_run: Path, tm
         if t.meta.group_id != gid:
             j = i if i < k else i - 1  # positions after the inserted line moved by one
             assert adv[i] == pytest.approx(orig[j], abs=1e-6)
+
+
+def test_reexec_of_a_later_sample_says_why_it_cannot_run() -> None:
+    from agentrl._sync import run_sync
+    from agentrl.trainers.replay.reexec import areexec
+
+    rep = run_sync(areexec(traj("a", 1, 3), env_factory=lambda: pytest.fail("no env is built")))
+    assert "sample 1 of the 3-sample episode a" in rep.error and rep.steps == ()
