@@ -205,3 +205,24 @@ def test_staleness_is_per_sample_and_the_bound_per_episode():
     assert oldest_version(g) == 2  # what admission checks the bound on: every sample of every episode
     with pytest.raises(ConfigError):
         episode_staleness((), 5)
+
+
+# ------------------------------------------------------------------------------------------ step metrics
+def test_step_metrics_are_per_episode() -> None:
+    """A step's rollout metrics count a multi-sample episode once, its samples' rewards and tokens summed."""
+    from agentrl.trainers.step_metrics import episode_metrics
+
+    split = episode("g", "a", [0.0, 1.0])  # returns 1 over two samples of 5 model tokens each
+    single = [sample("g", "b", reward=0.0), sample("g", "c", reward=1.0)]
+    m = episode_metrics([split[0], *single, split[1]])
+    assert m["episodes/total"] == 3.0
+    assert m["reward/mean"] == 2 / 3 and m["reward/pass_rate"] == 2 / 3
+    assert m["tokens/model_per_episode"] == (10 + 5 + 5) / 3
+    assert m["turns/per_episode"] == (4 + 2 + 2) / 3
+    assert m["tools/calls_per_episode"] == (2 + 1 + 1) / 3
+    # A failed sample fails its episode (counted, not averaged in).
+    bad = [split[0], dataclasses.replace(split[1], stop_reason=StopReason.SANDBOX_ERROR)]
+    m = episode_metrics([*bad, *single])
+    assert (m["episodes/total"], m["episodes/infra_failures"], m["reward/mean"]) == (3.0, 1.0, 0.5)
+    # Single-sample steps: exactly as before (one trajectory, one episode).
+    assert episode_metrics(single)["episodes/total"] == 2.0

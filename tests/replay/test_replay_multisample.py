@@ -142,5 +142,6 @@ def test_reexec_of_a_later_sample_says_why_it_cannot_run() -> None:
     from agentrl._sync import run_sync
     from agentrl.trainers.replay.reexec import areexec
 
-    rep = run_sync(areexec(traj("a", 1, 3), env_factory=lambda: pytest.fail("no env is built")))
+    later = dataclasses.replace(traj("a", 1, 3), actions=("yo",))
+    rep = run_sync(areexec(later, env_factory=lambda: pytest.fail("no env is built")))
     assert "sample 1 of the 3-sample episode a" in rep.error and rep.steps == ()

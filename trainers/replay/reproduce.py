@@ -17,6 +17,7 @@ from agentrl.learner.correction import Correction
 from agentrl.learner.stability import StepInputs, observe_step, stability_at
 from agentrl.replay import Run
 from agentrl.trainers.replay.weights import exact_weights, load_tokenizer_for, load_weights, train_config
+from agentrl.trainers.step_metrics import episode_metrics
 from agentrl.trainers.train_setup import TrainConfig, learner_config, precision, tokenizer_pad_id
 from agentrl.types import Trajectory
 from agentrl.update import policy_update, score_and_credit
@@ -231,12 +232,9 @@ def reproduce_step(
     tok = tokenizer if tokenizer is not None else load_tokenizer_for(run)
     if tok is None:
         raise ConfigError("cannot tell the run's tokenizer; pass tokenizer=")
-    trajs_all = [run.trajectories[i] for i in all_idx]
-    ok = [t for t in trajs_all if not t.infra_failure]
+    rollout = episode_metrics([run.trajectories[i] for i in all_idx])  # per episode, as the trainer's
     got: dict[str, float] = {
-        "episodes/total": float(len(trajs_all)),
-        "episodes/infra_failures": float(len(trajs_all) - len(ok)),
-        "reward/mean": float(sum(t.reward for t in ok) / len(ok)) if ok else float("nan"),
+        k: rollout[k] for k in ("episodes/total", "episodes/infra_failures", "reward/mean")
     }
     if trained and not exact_weights(run, step):
         # A compacted checkpoint holds float16 weights: their rounding, not a bug, moves the metrics a little.
