@@ -36,6 +36,14 @@ class TokenBatch:
     """The group id of each row: rows sharing an id form one credit-assignment group."""
     lengths_B: torch.Tensor
     """Number of real tokens in each row (long)."""
+    episode_ids: tuple[int, ...] = ()
+    """The episode of each row when some episode has several samples (rows sharing a number are one
+    episode's samples, in sampling order); empty when every row is an episode of its own."""
+
+    @property
+    def episode_ids_or_none(self) -> tuple[int, ...] | None:
+        """:attr:`episode_ids` as the credit estimators and the learner take them (None: one row each)."""
+        return self.episode_ids or None
 
     @property
     def batch_size(self) -> int:
@@ -62,6 +70,7 @@ class TokenBatch:
             token_rewards_B_T=self.token_rewards_B_T.to(device),
             group_ids=self.group_ids,
             lengths_B=self.lengths_B.to(device),
+            episode_ids=self.episode_ids,
         )
 
     def select(self, rows: Sequence[int]) -> TokenBatch:
@@ -76,6 +85,7 @@ class TokenBatch:
             token_rewards_B_T=self.token_rewards_B_T[idx, :t],
             group_ids=tuple(self.group_ids[i] for i in rows),
             lengths_B=self.lengths_B[idx],
+            episode_ids=tuple(self.episode_ids[i] for i in rows) if self.episode_ids else (),
         )
 
 
@@ -86,7 +96,10 @@ def collate(
     after group, members in group order; the rows of a group share its ``group_id``.
 
     Each row's reward (``Trajectory.reward``, the sum of per-step rewards) is placed on its last
-    model token; a row without model tokens keeps no reward (it has nothing to train). Trajectories
+    model token; a row without model tokens keeps no reward (it has nothing to train), except in a
+    multi-sample episode, where it goes to the last model token of the episode's latest earlier sample that
+    has one (so the tokens before it still see it in their reward-to-go). The rows of a multi-sample
+    episode are consecutive, in sampling order, and share a number in ``episode_ids``. Trajectories
     marked ``infra_failure`` are refused: the machinery failed, so their reward means nothing; the
     trainer keeps only :meth:`TrajectoryGroup.usable` members. Two groups with one id are refused too
     (credit assignment would merge them).
@@ -110,6 +123,8 @@ def collate(
             f"{len(bad)} trajectories are infra failures and must not be trained on "
             f"(drop them before collate): {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}"
         )
+    episode_of = [k for k, e in enumerate(e for g in groups for e in g.episodes) for _ in e]
+    last_model: dict[int, tuple[int, int]] = {}  # episode -> (row, column) of its latest model token
     B = len(trajectories)
     T = max(len(tr.token_ids) for tr in trajectories)
     ids = torch.full((B, T), int(pad_id), dtype=torch.long)
@@ -145,6 +160,10 @@ def collate(
         pos = torch.nonzero(m).flatten()
         if pos.numel():
             rew[i, int(pos[-1])] = tr.reward
+            last_model[episode_of[i]] = (i, int(pos[-1]))
+        elif tr.reward and episode_of[i] in last_model:  # an empty sample's reward, to the sample before
+            r, t = last_model[episode_of[i]]
+            rew[r, t] += tr.reward
     batch = TokenBatch(
         input_ids_B_T=ids,
         attention_mask_B_T=attn,
@@ -153,6 +172,7 @@ def collate(
         token_rewards_B_T=rew,
         group_ids=tuple(g.group_id for g in groups for _ in g),
         lengths_B=lengths,
+        episode_ids=tuple(episode_of) if episode_of[-1] + 1 < B else (),  # () when no episode has 2 rows
     )
     return batch if device is None else batch.to(device)
 

@@ -70,9 +70,11 @@ def zero_variance(rewards: tuple[float, ...] | list[float]) -> bool:
 
 
 def group_verdict(group: TrajectoryGroup) -> GroupVerdict:
-    """The verdict on a finished group, taken on its usable members (infra failures left out)."""
+    """The verdict on a finished group, taken on its usable members (infra failures left out). Members are
+    episodes: a multi-sample episode counts once, with its return (the sum over its samples), and a filtered
+    group drops every sample of every episode."""
     usable = group.usable()
-    if usable is None or len(usable) < 2:
+    if usable is None or usable.num_episodes < 2:
         return GroupVerdict.TOO_FEW_USABLE
     return GroupVerdict.ZERO_VARIANCE if zero_variance(usable.rewards) else GroupVerdict.SIGNAL
 

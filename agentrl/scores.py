@@ -40,6 +40,8 @@ class EpisodeScores:
     sampler's)."""
     sum_pi_squared: tuple[float, ...]
     """Σπ² of the distribution at each model token."""
+    sample_index: int = 0
+    """``meta.sample_index`` of the trajectory (a multi-sample episode has one record per sample)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +53,9 @@ class StepScores:
     episodes: tuple[EpisodeScores, ...]
     """The episodes it trained on, in batch order."""
 
-    def by_episode(self) -> dict[str, EpisodeScores]:
-        """The episodes by id."""
-        return {e.episode_id: e for e in self.episodes}
+    def by_episode(self) -> dict[tuple[str, int], EpisodeScores]:
+        """The records by (episode id, sample index): a trajectory's key."""
+        return {(e.episode_id, e.sample_index): e for e in self.episodes}
 
 
 def save_step_scores(
@@ -75,6 +77,7 @@ def save_step_scores(
                 "logprobs": lp[b, at].tolist(),
                 "sum_pi_squared": sp[b, at].tolist(),
             }
+            | ({"sample_index": t.meta.sample_index} if t.meta.sample_index else {})
         )
     path = run.scores_path(step)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -96,6 +99,7 @@ def load_step_scores(run: RunDir, step: int) -> StepScores | None:
                 str(e["episode_id"]),
                 tuple(float(x) for x in e["logprobs"]),
                 tuple(float(x) for x in e["sum_pi_squared"]),
+                int(e.get("sample_index", 0)),
             )
             for e in data["episodes"]
         )
@@ -114,7 +118,7 @@ def step_scores_tensors(
     lp = torch.zeros(len(trajectories), length)
     sp = torch.zeros(len(trajectories), length)
     for b, t in enumerate(trajectories):
-        rec = by_id.get(t.meta.episode_id)
+        rec = by_id.get((t.meta.episode_id, t.meta.sample_index))
         at = [i for i, m in enumerate(t.loss_mask) if m == 1]
         if rec is None or len(rec.logprobs) != len(at) or len(rec.sum_pi_squared) != len(at):
             why = "has no scores" if rec is None else "has scores for a different number of tokens"

@@ -21,6 +21,11 @@ token is more than S versions old (possible only when its tokens are older than 
 read back from an earlier process) is dropped too. The largest staleness trained on is reported and
 never exceeds S.
 
+Multi-sample episodes (compaction, sub-agents): staleness is per sample (each sample's turns carry the
+version that sampled them, and later samples are usually newer), and the bound holds per episode because it is
+checked on a group's oldest token over every sample of every episode (:func:`oldest_version`); an episode is
+admitted, trained or dropped whole, with its group. :func:`episode_staleness` gives an episode's.
+
 Refills (dynamic sampling: a finished group without reward signal is replaced by a fresh task of the same
 step) are leased with :meth:`Admission.refill`. They count as in flight like any group, so they hold back
 the leases of later steps, and they obey the same version rule (a step's refill starts only once its step
@@ -44,6 +49,7 @@ __all__ = [
     "Lease",
     "OnStale",
     "StepPlan",
+    "episode_staleness",
     "oldest_version",
     "token_versions",
     "trajectory_staleness",
@@ -81,6 +87,14 @@ def token_versions(traj: Trajectory) -> tuple[int, ...]:
 def trajectory_staleness(traj: Trajectory, learner_version: int) -> int:
     """Learner version − the oldest version among the trajectory's tokens."""
     return learner_version - traj.min_policy_version
+
+
+def episode_staleness(samples: Sequence[Trajectory], learner_version: int) -> int:
+    """Staleness of an episode: learner version − the oldest version among all its samples' tokens (the bound
+    applies to this; each sample's own is :func:`trajectory_staleness`)."""
+    if not samples:
+        raise ConfigError("an episode has at least one sample")
+    return max(trajectory_staleness(t, learner_version) for t in samples)
 
 
 @dataclass(frozen=True)

@@ -272,11 +272,22 @@ class TrajectoryMeta:
     step: int | None = None
     """Training step during which the episode was collected (None outside training)."""
     episode_id: str = ""
-    """Unique id of this episode."""
+    """Unique id of this episode (shared by all its samples)."""
+    sample_index: int = 0
+    """Position of this trajectory among its episode's samples, in sampling order (0-based)."""
+    num_samples: int = 1
+    """How many samples (token sequences, each in its own context) the episode produced: more than one
+    when it compacted its context or ran sub-agents. Its return is the sum over its samples."""
     extra: Mapping[str, JSONScalar] = field(default_factory=dict)
     """Small scalar annotations (difficulty, split, answer) — JSON scalars only."""
     provenance: Provenance | None = None
     """Where a distributed (Ray) episode ran: worker, server, node, sandbox pool. None in one process."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.sample_index < self.num_samples:
+            raise ConfigError(
+                f"sample_index {self.sample_index} is outside 0..num_samples-1 ({self.num_samples})"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object stored in ``trajectories.jsonl``."""
@@ -289,7 +300,11 @@ class TrajectoryMeta:
             "step": self.step,
             "episode_id": self.episode_id,
             "extra": dict(self.extra),
-        } | ({"provenance": self.provenance.to_dict()} if self.provenance is not None else {})
+        } | ({"provenance": self.provenance.to_dict()} if self.provenance is not None else {}) | (
+            {"sample_index": self.sample_index, "num_samples": self.num_samples}
+            if self.num_samples != 1
+            else {}
+        )
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TrajectoryMeta:
@@ -305,6 +320,8 @@ class TrajectoryMeta:
             policy_version=int(d.get("policy_version", 0)),
             step=d.get("step"),
             episode_id=str(d.get("episode_id", "")),
+            sample_index=int(d.get("sample_index", 0)),
+            num_samples=int(d.get("num_samples", 1)),
             provenance=Provenance.from_dict(prov) if prov else Provenance.pop_legacy(extra),
             extra=extra,
         )

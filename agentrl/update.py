@@ -97,7 +97,14 @@ def score_and_credit(
                 "or an estimator without it (grpo, rloo, opo, none)"
             )
         mu = batch.old_logprobs_B_T
-        adv = estimator.advantages(batch.token_rewards_B_T, batch.loss_mask_B_T, None, None, batch.group_ids)
+        adv = estimator.advantages(
+            batch.token_rewards_B_T,
+            batch.loss_mask_B_T,
+            None,
+            None,
+            batch.group_ids,
+            episode_ids=batch.episode_ids_or_none,
+        )
         return Credit(batch, mu, torch.zeros_like(mu), adv, 0.0, None, smetrics)
     logprobs, spi2 = learner.score(batch)
     if spi2 is None and estimator.needs_policy_stats:  # a learner (group) whose scoring has no Σπ²
@@ -114,9 +121,11 @@ def score_and_credit(
     args = (batch.token_rewards_B_T, batch.loss_mask_B_T, logprobs, spi2, batch.group_ids)
     if weights is not None and weights.active and estimator.name == "otb":
         # OTB under importance weights: each energy increment scaled by ρ̄² (spec §3.5).
-        adv = optimal_token_baseline(*args, is_weights=weights.rho_B_T, **_options(estimator))
+        adv = optimal_token_baseline(
+            *args, is_weights=weights.rho_B_T, episode_ids=batch.episode_ids_or_none, **_options(estimator)
+        )
     else:
-        adv = estimator.advantages(*args)
+        adv = estimator.advantages(*args, episode_ids=batch.episode_ids_or_none)
     return Credit(batch, logprobs, spi2, adv, mismatch, weights, smetrics)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,7 +65,10 @@ def stalled_update_warning(row: dict[str, float]) -> str | None:
 
 
 def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
-    """Rollout metrics of one step (infra failures are counted, not averaged in)."""
+    """Rollout metrics of one step (infra failures are counted, not averaged in). Per episode: the samples
+    of a multi-sample episode (compaction, sub-agents) count as one episode, with their rewards, tokens,
+    turns and tool calls summed (docs/otb-multisample.md)."""
+    trajs = [_merge(e) for e in _episodes(trajs)]
     ok = [t for t in trajs if not t.infra_failure]
     n = max(len(ok), 1)
 
@@ -90,6 +94,46 @@ def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "episodes/token_limit_frac": mean([float(t.stop_reason in TOKEN_LIMIT_STOPS) for t in ok]),
         "time/sandbox_s": float(sum(r.duration_s for t in trajs for r in t.tool_calls)),
     }
+
+
+def _episodes(trajs: Sequence[Trajectory]) -> list[list[Trajectory]]:
+    """The trajectories as episodes (a multi-sample episode's samples together, in sample order)."""
+    out: list[list[Trajectory]] = []
+    at: dict[tuple[str, str], list[Trajectory]] = {}
+    for t in trajs:
+        if t.meta.num_samples == 1:
+            out.append([t])
+            continue
+        key = (t.meta.group_id, t.meta.episode_id)
+        if key not in at:
+            at[key] = []
+            out.append(at[key])
+        at[key].append(t)
+    return [sorted(e, key=lambda t: t.meta.sample_index) for e in out]
+
+
+def _merge(samples: list[Trajectory]) -> Trajectory:
+    """One episode's samples as one record for the metrics above: rewards, tool calls, tokens (and so
+    masks and segments) concatenated; the end is the last sample's; an infra failure in any sample counts."""
+    if len(samples) == 1:
+        return samples[0]
+    last = samples[-1]
+    infra = next((t for t in samples if t.infra_failure), None)
+    shift, segments = 0, []
+    for t in samples:
+        segments += [dataclasses.replace(g, start=g.start + shift, end=g.end + shift) for g in t.segments]
+        shift += len(t.token_ids)
+    return dataclasses.replace(
+        last,
+        token_ids=tuple(x for t in samples for x in t.token_ids),
+        loss_mask=tuple(x for t in samples for x in t.loss_mask),
+        logprobs=tuple(x for t in samples for x in t.logprobs),
+        segments=tuple(segments),
+        tool_calls=tuple(c for t in samples for c in t.tool_calls),
+        rewards=tuple(r for t in samples for r in t.rewards),
+        stop_reason=infra.stop_reason if infra is not None else last.stop_reason,
+        errors=tuple(e for t in samples for e in t.errors),
+    )
 
 
 def format_row(step: int, row: dict[str, float]) -> str:

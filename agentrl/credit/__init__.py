@@ -79,7 +79,8 @@ def compute_advantages(
     **options: Any,
 ) -> torch.Tensor:
     """Run the estimator called ``name`` on [B, T] inputs; ``options`` are its keyword-only settings
-    (``otb``: is_weights, zero_tail, eps; ``grpo``: norm_by_std, eps). Returns [B, T] advantages."""
+    (``otb``: is_weights, zero_tail, eps; ``grpo``: norm_by_std, eps; all: episode_ids, the rows that
+    are samples of one episode). Returns [B, T] advantages."""
     fn = ESTIMATORS.get(name)
     if fn is None:
         raise ConfigError(f"unknown advantage estimator {name!r}; choose from {sorted(ESTIMATORS)}")

@@ -11,6 +11,7 @@ from agentrl.errors import ConfigError
 __all__ = [
     "GroupIds",
     "check_inputs",
+    "episode_index",
     "group_index",
     "returns_to_go",
     "token_energy",
@@ -75,6 +76,27 @@ def group_index(group_ids: GroupIds, device: torch.device) -> tuple[torch.Tensor
     table: dict[Hashable, int] = {}
     idx = [table.setdefault(g, len(table)) for g in group_ids]
     return torch.tensor(idx, dtype=torch.long, device=device), len(table)
+
+
+def episode_index(
+    episode_ids: GroupIds, gidx_B: torch.Tensor, n_rows: int
+) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """Dense episode indices of the rows: ([B] long episode index, E, [E] group index of each episode).
+
+    Rows sharing an episode id are the samples of one episode (in row order); they must share a group,
+    so episode ids must be unique across the batch's groups. ``gidx_B`` is :func:`group_index`'s output.
+    """
+    n_ids = episode_ids.numel() if isinstance(episode_ids, torch.Tensor) else len(episode_ids)
+    if n_ids != n_rows:
+        raise ConfigError(f"got {n_ids} episode ids for {n_rows} rows")
+    dev = gidx_B.device
+    ep, n_ep = group_index(episode_ids, dev)
+    rows = torch.arange(n_rows, device=dev)
+    first = torch.full((n_ep,), n_rows, dtype=torch.long, device=dev).scatter_reduce_(0, ep, rows, "amin")
+    gidx_E = gidx_B[first]
+    if bool((gidx_E[ep] != gidx_B).any()):
+        raise ConfigError("the samples of one episode (rows sharing an episode id) must share a group id")
+    return ep, n_ep, gidx_E
 
 
 def returns_to_go(token_rewards: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:

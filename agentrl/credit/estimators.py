@@ -84,11 +84,16 @@ class AdvantageEstimator:
         logprobs_B_T: torch.Tensor | None,
         sum_pi_squared_B_T: torch.Tensor | None,
         group_ids: GroupIds | None,
+        *,
+        episode_ids: GroupIds | None = None,
     ) -> torch.Tensor:
         """Per-token advantages for right-padded [B, T] tensors and one group id per row (0 where the
-        loss mask is 0)."""
+        loss mask is 0). ``episode_ids`` (one per row) marks the rows that are samples of one episode;
+        None: one row per episode."""
         require_policy_stats(self.name, logprobs_B_T, sum_pi_squared_B_T)
         options = {f.name: getattr(self, f.name) for f in dataclasses.fields(cast(Any, self))}
+        if episode_ids is not None:
+            options["episode_ids"] = episode_ids
         return ESTIMATORS[self.name](
             token_rewards_B_T, loss_mask_B_T, logprobs_B_T, sum_pi_squared_B_T, group_ids, **options
         )

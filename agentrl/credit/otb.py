@@ -12,6 +12,12 @@ semantics of verl) with the numerics of §2.4. For each row b and model token t 
   unique longest member's tokens beyond the second-longest length also get baseline 0;
 * advantage = G − baseline on model tokens, 0 elsewhere.
 
+Multi-sample episodes (``episode_ids``; docs/otb-multisample.md): an episode whose context was compacted
+or split is several rows (its samples, in row order). Its model tokens are taken as one sequence, sample
+after sample: W and G run across the samples, k counts model tokens from the episode's start, and the
+group's members are episodes. With one row per episode this is the per-row computation above, operation
+for operation.
+
 Implementation (no Python loop over rows or groups): the model tokens are gathered once into a flat
 row-major list (one ``nonzero``); row boundaries come from a binary search. W and G are segmented
 cumulative sums along the rows of a compact [B, L] buffer. Each model token's cell
@@ -28,6 +34,7 @@ import torch
 
 from agentrl.credit._common import (
     GroupIds,
+    episode_index,
     group_index,
     token_energy,
     working_dtype,
@@ -48,6 +55,7 @@ def optimal_token_baseline(
     is_weights: torch.Tensor | None = None,
     zero_tail: bool = True,
     eps: float = 1e-8,
+    episode_ids: GroupIds | None = None,
 ) -> torch.Tensor:
     """OTB advantages for right-padded [B, T] tensors (spec §3.3, tool-integrated variant).
 
@@ -64,6 +72,8 @@ def optimal_token_baseline(
             by ρ̄².
         zero_tail: give the unique longest member's solo tail baseline 0 (advantage = return).
         eps: added to the baseline's denominator.
+        episode_ids: optional B ids (or a [B] integer tensor); rows sharing one are the samples of one
+            episode, in row order, and must share a group id. None: every row is its own episode.
 
     Returns:
         [B, T] advantages (float64 if any input is float64, else float32), 0 where the mask is 0.
@@ -98,7 +108,18 @@ def optimal_token_baseline(
     # Row boundaries by binary search in the sorted positions: O(B log n), no pass over [B, T].
     bounds = torch.searchsorted(pos, torch.arange(B + 1, device=dev) * T)
     starts, lengths = bounds[:-1], bounds[1:] - bounds[:-1]
-    rows = torch.arange(B, device=dev)
+    gidx, n_groups = group_index(group_ids, dev)
+    R = B  # the sequences OTB runs along: rows, or episodes (their samples' model tokens end to end)
+    if episode_ids is not None:
+        ep, R, gidx = episode_index(episode_ids, gidx, B)
+        # Reorder the flat token list so each episode's samples' tokens are contiguous, in row order.
+        by_ep = torch.sort(ep, stable=True).indices
+        len_p = lengths[by_ep]
+        shift = starts[by_ep] - (torch.cumsum(len_p, 0) - len_p)
+        pos = pos[torch.repeat_interleave(shift, len_p, output_size=n).add_(torch.arange(n, device=dev))]
+        lengths = torch.zeros(R, dtype=lengths.dtype, device=dev).index_add_(0, ep, lengths)
+        starts = torch.cumsum(lengths, 0) - lengths
+    rows = torch.arange(R, device=dev)
 
     def per_token(table_B: torch.Tensor) -> torch.Tensor:
         # Expand one value per row to that row's model tokens (run-length expansion; much faster on
@@ -118,8 +139,8 @@ def optimal_token_baseline(
     cell = per_token(rows * L - starts).add_(torch.arange(n, device=dev))  # (row, k) in the buffer
 
     def row_cumsum(x: torch.Tensor) -> torch.Tensor:
-        buf = torch.empty(B * L, dtype=dtype, device=dev).index_copy_(0, cell, x)
-        return torch.cumsum(buf.view(B, L), dim=1).view(B * L).index_select(0, cell)
+        buf = torch.empty(R * L, dtype=dtype, device=dev).index_copy_(0, cell, x)
+        return torch.cumsum(buf.view(R, L), dim=1).view(R * L).index_select(0, cell)
 
     W = row_cumsum(w)
     # Reward-to-go. The usual case (collate's layout: one reward on each row's last model token)
@@ -129,19 +150,18 @@ def optimal_token_baseline(
     if int(torch.count_nonzero(r_m)) == int(torch.count_nonzero(r_last)):
         G = per_token(r_last)
     else:
-        r_tot = torch.zeros(B, dtype=dtype, device=dev).index_add_(
+        r_tot = torch.zeros(R, dtype=dtype, device=dev).index_add_(
             0, torch.repeat_interleave(rows, lengths, output_size=n), r_m
         )
         G = per_token(r_tot).sub_(row_cumsum(r_m)).add_(r_m)  # total minus what came before
 
-    gidx, n_groups = group_index(group_ids, dev)
     # Cell (group, k) of each model token in the group table, k = its index among its row's tokens.
     key = per_token((gidx - rows) * L).add_(cell)
     num = torch.zeros(n_groups * L, dtype=dtype, device=dev).index_add_(0, key, G * W)  # Σ G·W
     den = torch.zeros(n_groups * L, dtype=dtype, device=dev).index_add_(0, key, W)  # Σ W
     # Members alive at k (longer than k), from a per-group histogram of lengths: O(groups × L).
     hist = torch.zeros((n_groups, L + 1), dtype=torch.int32, device=dev)
-    hist.index_put_((gidx, lengths), torch.ones(B, dtype=torch.int32, device=dev), accumulate=True)
+    hist.index_put_((gidx, lengths), torch.ones(R, dtype=torch.int32, device=dev), accumulate=True)
     members = hist[:, 1:].sum(dim=1, keepdim=True)  # non-empty members
     if zero_tail:
         # Exactly one member alive is the zero-tail region (and every k of a group of one).

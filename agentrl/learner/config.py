@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 from agentrl.errors import ConfigError
+from agentrl.learner.aggregation import LOSS_AGGS, LossAgg
 from agentrl.learner.attention import ATTENTION_CHOICES, AttentionName
 from agentrl.learner.losses import PolicyLossName
 from agentrl.learner.schedule import LRScheduleName, validate_options
 
 __all__ = ["LearnerConfig", "LearnerStats", "LossAgg"]
 
-LossAgg = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
-_LOSS_AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+_LOSS_AGGS = LOSS_AGGS
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +33,10 @@ class LearnerConfig:
     """``token-mean`` (mean over all model tokens of the batch), ``seq-mean-token-sum`` (mean over
     sequences of the per-sequence sum) or ``seq-mean-token-mean`` (mean over sequences of the
     per-sequence mean). Sequences without model tokens are not counted. Normalisers are global over
-    the batch (and over ranks), so micro-batching does not change the gradient."""
+    the batch (and over ranks), so micro-batching does not change the gradient. A sequence is one sample:
+    an episode split into several samples (compaction, sub-agents) counts once per sample;
+    ``episode-mean-token-mean`` (every episode weighs the same, its samples' tokens share it) and
+    ``episode-mean-token-sum`` count it once (agentrl.learner.aggregation)."""
     kl_coef: float = 0.0
     """Weight of the k3 KL penalty to the reference policy (needs ``ref_model`` or
     ``ref_logprobs``)."""

@@ -23,6 +23,7 @@ from torch import nn
 from agentrl.batch import PackedBatch, TokenBatch, pack_rows
 from agentrl.errors import ConfigError
 from agentrl.heap import trim_heap
+from agentrl.learner.aggregation import aggregation_weights, episode_counts
 from agentrl.learner.attention import attention_in_effect, one_row_per_micro_batch, resolve_attention
 from agentrl.learner.config import LearnerConfig, LearnerStats
 from agentrl.learner.distributed import all_reduce_floats, world_size
@@ -403,16 +404,14 @@ class Learner:
         n_seq_local = float((seq_tokens > 0).sum())
         world = world_size()
         red_sum = dist.ReduceOp.SUM if world > 1 else None
-        n_tok, n_seq = all_reduce_floats([n_tok_local, n_seq_local], red_sum, dev)
+        ep_tokens, n_ep_local = episode_counts(seq_tokens, batch.episode_ids_or_none)
+        n_tok, n_seq, n_ep = all_reduce_floats([n_tok_local, n_seq_local, n_ep_local], red_sum, dev)
         plans = self._synced_plans(batch, self.model)
         # Per-token weights implementing the aggregation with global normalisers; ×world because the
         # data-parallel wrapper averages gradients over ranks.
-        if cfg.loss_agg == "token-mean":
-            weight = mask / max(n_tok, 1.0)
-        elif cfg.loss_agg == "seq-mean-token-sum":
-            weight = mask / max(n_seq, 1.0)
-        else:
-            weight = mask / (seq_tokens.clamp(min=1.0)[:, None] * max(n_seq, 1.0))
+        weight = aggregation_weights(
+            mask, cfg.loss_agg, n_tokens=n_tok, n_sequences=n_seq, n_episodes=n_ep, episode_tokens_B=ep_tokens
+        )
         weight = weight * world
 
         self.model.train()

@@ -58,6 +58,8 @@ def write_html(
             "as --step, --limit) or raise max_trajectories"
         )
     tx = token_text(tokenizer)
+    shown = set(idx)
+    samples = _episode_samples(trajs)
     rec_by_index = {t.index: t for t in recomputed.trajectories} if recomputed is not None else {}
     vocab: dict[int, str] = {}
     items = []
@@ -70,6 +72,8 @@ def write_html(
         adv = advantages.get(i) if advantages is not None else None
         rc = rec_by_index.get(i)
         items.append(_traj_payload(i, t, adv, rc))
+        if t.meta.num_samples > 1:
+            items[-1]["ep"] = _episode_payload(t, samples, shown, trajs)
         if advantage_sources and i in advantage_sources:
             items[-1]["adv_src"] = advantage_sources[i]
     notes = list(notes)
@@ -88,6 +92,30 @@ def write_html(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_page(payload), encoding="utf-8")
     return path
+
+
+def _episode_samples(trajs: Sequence[Trajectory]) -> dict[tuple[str, str], dict[int, int]]:
+    """Run positions of the samples of each multi-sample episode: (group, episode) → {sample index: i}."""
+    out: dict[tuple[str, str], dict[int, int]] = {}
+    for i, t in enumerate(trajs):
+        if t.meta.num_samples > 1:
+            out.setdefault((t.meta.group_id, t.meta.episode_id), {})[t.meta.sample_index] = i
+    return out
+
+
+def _episode_payload(
+    t: Trajectory,
+    samples: Mapping[tuple[str, str], Mapping[int, int]],
+    shown: set[int],
+    trajs: Sequence[Trajectory],
+) -> dict[str, Any]:
+    """What the viewer shows of a sample's episode: each sample's run position (None: not on this page, or
+    missing from the run) and the episode's return (None when a sample is missing)."""
+    at = samples.get((t.meta.group_id, t.meta.episode_id), {})
+    links = [[k, at[k] if k in at and at[k] in shown else None] for k in range(t.meta.num_samples)]
+    complete = len(at) == t.meta.num_samples
+    ret = math.fsum(trajs[j].reward for j in at.values()) if complete else None
+    return {"sample": t.meta.sample_index, "samples": t.meta.num_samples, "links": links, "return": ret}
 
 
 def _r(x: float | None) -> float | None:

@@ -241,7 +241,9 @@ function applyFilters() {
   body.replaceChildren();
   for (const t of rows) {
     const tr = el("tr", {"data-i": t.i},
-      el("td", {text: t.i}), el("td", {text: t.step === null ? "-" : t.step}),
+      el("td", {text: t.ep ? t.i + " \u00b7 " + (t.ep.sample + 1) + "/" + t.ep.samples : t.i,
+                title: t.ep ? "sample " + t.ep.sample + " of a " + t.ep.samples + "-sample episode" : null}),
+      el("td", {text: t.step === null ? "-" : t.step}),
       el("td", {text: (t.group || "").slice(0, 8), title: t.group}),
       el("td", {text: fmt(t.reward, 2), cls: t.reward > 0 ? "r1" : ""}),
       el("td", {text: t.stop, cls: t.infra ? "st-bad" : ""}), el("td", {text: t.turns}),
@@ -272,6 +274,7 @@ function show(i) {
     ["tokens", t.ids.length + " (" + t.model_tokens + " sampled)"]];
   if (t.adv_src) rows.push(["advantages", t.adv_src]);
   for (const [k, v] of rows) meta.append(el("dt", {text: k}), el("dd", {text: v === null ? "-" : String(v)}));
+  if (t.ep) renderEpisode(t, meta);
   const errs = $("d-errors");
   errs.replaceChildren();
   for (const e of t.errors)
@@ -281,6 +284,19 @@ function show(i) {
   renderTokens(t);
 }
 
+// A multi-sample episode (compacted context, sub-agents): this sample and links to its siblings.
+function renderEpisode(t, meta) {
+  const dd = el("dd", {id: "d-samples"});
+  for (const [k, j] of t.ep.links) {
+    const here = k === t.ep.sample;
+    const b = el("button", {cls: "ep-link" + (here ? " sel" : ""), "data-j": j === null ? null : j,
+      disabled: j === null || here, text: "sample " + k + (j === null ? " (not on this page)" : "")});
+    if (j !== null && !here) b.addEventListener("click", () => show(j));
+    dd.append(b, " ");
+  }
+  meta.append(el("dt", {text: "episode samples"}), dd,
+    el("dt", {text: "episode return"}), el("dd", {text: t.ep.return === null ? "- (a sample is missing)" : fmt(t.ep.return, 3)}));
+}
 function modelSegments(t) { return t.segments.filter(s => s[0] === "model"); }
 function renderTranscript(t) {
   const pane = $("transcript");

@@ -58,7 +58,8 @@ def render(
     m = traj.meta
     out: list[str] = []
     head = f"trajectory {index}" if index is not None else "trajectory"
-    out.append(st(f"{head}  episode {m.episode_id or '?'}", "1"))
+    sample = f"  sample {m.sample_index + 1}/{m.num_samples}" if m.num_samples > 1 else ""
+    out.append(st(f"{head}  episode {m.episode_id or '?'}{sample}", "1"))
     out.append(
         f"  env {m.env_id or '?'}  task {m.task_id or '?'}  seed {m.seed}  step {m.step}"
         f"  group {m.group_id[:12]}  policy v{version_label(traj)}"

@@ -6,6 +6,7 @@ are the ground truth for tests/credit and the speed baseline in benchmarks/credi
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 
@@ -115,3 +116,69 @@ def single_turn_otb_loop(
                     star = rows[lens.index(order[0])]
                     Bl[star, order[1] :] = 0
         return (G - Bl) * m
+
+
+def tir_otb_episode_loop(
+    token_rewards: torch.Tensor,
+    loss_mask: torch.Tensor,
+    logprobs: torch.Tensor,
+    sum_pi_squared: torch.Tensor,
+    group_ids: Sequence[Hashable],
+    episode_ids: Sequence[Hashable],
+    *,
+    is_weights: torch.Tensor | None = None,
+    zero_tail: bool = True,
+    eps: float = 1e-8,
+) -> torch.Tensor:
+    """OTB across the samples of multi-sample episodes (docs/otb-multisample.md), as plain Python loops.
+
+    An episode is the rows sharing an episode id, in row order. Its model tokens, sample after sample, form
+    one sequence: the energy W accumulates over it, the reward-to-go G sums the rewards from a token to the
+    episode's end, and the k-th model token of the episode is baselined with the k-th tokens of the other
+    episodes of its group.
+    """
+    with torch.no_grad():
+        B, T = token_rewards.shape
+        dt = token_rewards.dtype
+        episodes: dict[Hashable, list[int]] = defaultdict(list)
+        for b in range(B):
+            episodes[episode_ids[b]].append(b)
+        # Each episode as a list of (row, column, w, r) over its model tokens, in order.
+        seqs: dict[Hashable, list[tuple[int, int, float, float]]] = {}
+        for e, rows in episodes.items():
+            seq = []
+            for b in rows:
+                assert group_ids[b] == group_ids[rows[0]]
+                for t in range(T):
+                    if loss_mask[b, t] != 0:
+                        w = 1 - 2 * math.exp(float(logprobs[b, t])) + float(sum_pi_squared[b, t])
+                        if is_weights is not None:
+                            w *= float(is_weights[b, t]) ** 2
+                        seq.append((b, t, w, float(token_rewards[b, t])))
+            seqs[e] = seq
+        W: dict[Hashable, list[float]] = {}
+        G: dict[Hashable, list[float]] = {}
+        for e, seq in seqs.items():
+            acc, W[e] = 0.0, []
+            for _, _, w, _ in seq:
+                acc += w
+                W[e].append(acc)
+            G[e] = [sum(r for _, _, _, r in seq[k:]) for k in range(len(seq))]
+        by_group: dict[Hashable, list[Hashable]] = defaultdict(list)
+        for e, seq in seqs.items():
+            if seq:
+                by_group[group_ids[episodes[e][0]]].append(e)
+        A = torch.zeros(B, T, dtype=dt)
+        for members in by_group.values():
+            lens = sorted((len(seqs[e]) for e in members), reverse=True)
+            for e in members:
+                for k, (b, t, _, _) in enumerate(seqs[e]):
+                    alive = [o for o in members if len(seqs[o]) > k]
+                    solo = len(members) == 1 or (zero_tail and lens[0] > lens[1] and k >= lens[1])
+                    if solo:
+                        base = 0.0
+                    else:
+                        num = sum(G[o][k] * W[o][k] for o in alive)
+                        base = num / (sum(W[o][k] for o in alive) + eps)
+                    A[b, t] = G[e][k] - base
+        return A

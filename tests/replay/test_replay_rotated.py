@@ -29,7 +29,7 @@ def test_the_trainer_records_the_learners_scores(scripted_run: Path, tok: Any) -
     for r in rec.trajectories:
         t = run.trajectories[r.index]
         at = [i for i, m in enumerate(t.loss_mask) if m]
-        got = by_id[t.meta.episode_id]
+        got = by_id[(t.meta.episode_id, t.meta.sample_index)]
         lp = torch.tensor([r.logprobs[i] for i in at])
         assert torch.allclose(torch.tensor(got.logprobs), lp, atol=1e-5)
         sp = torch.tensor([r.sum_pi_squared[i] for i in at])

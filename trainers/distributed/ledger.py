@@ -14,7 +14,10 @@ slow) is discarded, so nothing is trained on twice, and trajectories of two atte
 on disk.
 
 Accounting. ``issued = trained + dropped + in flight`` (pending, leased, or done but not yet trained) holds at
-every moment; :meth:`GroupLedger.check` verifies it and the trainer calls it at the end of every step.
+every moment; :meth:`GroupLedger.check` verifies it and the trainer calls it at the end of every step. The
+unit is the group, so the same holds for episodes (``group_size`` per group): an episode that compacted its
+context is several trajectories (samples) but one member, completed, trained or dropped with its group,
+never in part (docs/otb-multisample.md).
 
 Persistence. Every transition is one JSON line appended (and flushed) to ``<run>/ledger.jsonl``; reopening
 the file replays it. Leases do not survive the driver: on reload a leased group is pending again.

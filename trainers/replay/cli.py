@@ -173,7 +173,11 @@ def _list_row(i: int, t: Trajectory) -> dict[str, Any]:
         "session_id": t.meta.extra.get("session_id"),
         "segment": t.meta.extra.get("segment"),
         "segment_end": t.meta.extra.get("segment_end"),
-    }
+    } | (  # a multi-sample episode (compaction, sub-agents): which sample of how many
+        {"sample_index": t.meta.sample_index, "num_samples": t.meta.num_samples}
+        if t.meta.num_samples > 1
+        else {}
+    )
 
 
 def _session_cell(r: dict[str, Any]) -> str:

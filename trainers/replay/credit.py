@@ -78,5 +78,12 @@ def advantages_of_step(
         source = "computed from the trainer's recorded log π and Σπ² (checkpoint rotated away)"
     else:
         source = f"computed from the recorded rewards ({name} needs no weights; checkpoint rotated away)"
-    adv = cfg.estimator.advantages(batch.token_rewards_B_T, batch.loss_mask_B_T, lp, sp, batch.group_ids)
+    adv = cfg.estimator.advantages(
+        batch.token_rewards_B_T,
+        batch.loss_mask_B_T,
+        lp,
+        sp,
+        batch.group_ids,
+        episode_ids=batch.episode_ids_or_none,
+    )
     return StepAdvantages(step, dict(zip(trained, _per_token(adv, trajs), strict=True)), source, True)

@@ -267,6 +267,15 @@ async def areexec(
             reset_identical=False, reset_diff="", steps=(), calls=(), replayed_end=(False, False), error=msg
         )
 
+    m = traj.meta
+    if m.sample_index > 0:
+        # A later sample of a compacted (or sub-agent) episode starts from env state its earlier samples
+        # built; a fresh reset cannot reach it, so a comparison would only report made-up differences.
+        return fail(
+            f"sample {m.sample_index} of the {m.num_samples}-sample episode {m.episode_id}: only an "
+            "episode's first sample is re-executed from reset (later ones start from state the earlier "
+            "samples built)"
+        )
     try:
         env = factory()
     except Exception as e:

@@ -17,6 +17,7 @@ from agentrl.learner.correction import Correction
 from agentrl.learner.stability import StepInputs, observe_step, stability_at
 from agentrl.replay import Run
 from agentrl.trainers.replay.weights import exact_weights, load_tokenizer_for, load_weights, train_config
+from agentrl.trainers.step_metrics import episode_metrics
 from agentrl.trainers.train_setup import TrainConfig, learner_config, precision, tokenizer_pad_id
 from agentrl.types import Trajectory
 from agentrl.update import policy_update, score_and_credit
@@ -120,7 +121,7 @@ def step_batch(run: Run, step: int) -> tuple[list[int], list[int]]:
             members.setdefault(t.meta.group_id, []).append(i)
     if not members:
         raise ConfigError(f"no trajectory of step {step} in {run.trajectories_path}")
-    keep = {g for g, ix in members.items() if group_size is None or len(ix) == group_size}
+    keep = {g for g, ix in members.items() if group_size is None or _episodes(run, ix) == group_size}
     # A task sampled twice for one step (an asynchronous run resumed: a group sampled by weights the resumed
     # run no longer had is sampled again) was trained on its last complete group.
     last: dict[str, str] = {}
@@ -131,14 +132,16 @@ def step_batch(run: Run, step: int) -> tuple[list[int], list[int]]:
     # The trainer's rows: groups in the order they completed, members in finishing order (= file order).
     pos = {id(run.trajectories[i]): i for i in all_idx}
     groups = group_trajectories(run.trajectories[i] for i in all_idx)
-    trained = [
-        pos[id(t)]
-        for g in groups
-        if not filtering or group_verdict(g) is GroupVerdict.SIGNAL
-        for t in g
-        if not t.infra_failure
-    ]
+    usable = (g.usable() for g in groups if not filtering or group_verdict(g) is GroupVerdict.SIGNAL)
+    # Infra failures dropped as the trainer drops them: an episode with one failed sample goes whole.
+    trained = [pos[id(t)] for u in usable if u is not None for t in u]
     return all_idx, trained
+
+
+def _episodes(run: Run, indices: list[int]) -> int:
+    """Complete episodes among one group's trajectories (a multi-sample episode counts once; one still
+    missing a sample, a crash between its lines, not at all)."""
+    return sum(g.num_episodes for g in group_trajectories(run.trajectories[i] for i in indices))
 
 
 def run_correction(run: Run) -> Correction | None:
@@ -229,12 +232,9 @@ def reproduce_step(
     tok = tokenizer if tokenizer is not None else load_tokenizer_for(run)
     if tok is None:
         raise ConfigError("cannot tell the run's tokenizer; pass tokenizer=")
-    trajs_all = [run.trajectories[i] for i in all_idx]
-    ok = [t for t in trajs_all if not t.infra_failure]
+    rollout = episode_metrics([run.trajectories[i] for i in all_idx])  # per episode, as the trainer's
     got: dict[str, float] = {
-        "episodes/total": float(len(trajs_all)),
-        "episodes/infra_failures": float(len(trajs_all) - len(ok)),
-        "reward/mean": float(sum(t.reward for t in ok) / len(ok)) if ok else float("nan"),
+        k: rollout[k] for k in ("episodes/total", "episodes/infra_failures", "reward/mean")
     }
     if trained and not exact_weights(run, step):
         # A compacted checkpoint holds float16 weights: their rounding, not a bug, moves the metrics a little.
