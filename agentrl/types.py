@@ -291,19 +291,23 @@ class TrajectoryMeta:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object stored in ``trajectories.jsonl``."""
-        return {
-            "env_id": self.env_id,
-            "seed": self.seed,
-            "task_id": self.task_id,
-            "group_id": self.group_id,
-            "policy_version": self.policy_version,
-            "step": self.step,
-            "episode_id": self.episode_id,
-            "extra": dict(self.extra),
-        } | ({"provenance": self.provenance.to_dict()} if self.provenance is not None else {}) | (
-            {"sample_index": self.sample_index, "num_samples": self.num_samples}
-            if self.num_samples != 1
-            else {}
+        return (
+            {
+                "env_id": self.env_id,
+                "seed": self.seed,
+                "task_id": self.task_id,
+                "group_id": self.group_id,
+                "policy_version": self.policy_version,
+                "step": self.step,
+                "episode_id": self.episode_id,
+                "extra": dict(self.extra),
+            }
+            | ({"provenance": self.provenance.to_dict()} if self.provenance is not None else {})
+            | (
+                {"sample_index": self.sample_index, "num_samples": self.num_samples}
+                if self.num_samples != 1
+                else {}
+            )
         )
 
     @classmethod
