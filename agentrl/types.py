@@ -311,6 +311,10 @@ class StopReason(StrEnum):
     """The sandbox failed under a tool call. Recorded; ``infra_failure`` is set."""
     CANCELLED = "cancelled"
     """The rollout was cancelled (shutdown). ``infra_failure`` is set."""
+    COMPACTED = "compacted"
+    """The context was replaced (the env compacted it, or the policy wrote the summary the env asked for):
+    this sample ends here and the episode goes on in the next sample (``meta.sample_index + 1``). Neither
+    ``terminated`` nor ``truncated``."""
 
     @property
     def is_infra(self) -> bool:
@@ -369,6 +373,11 @@ class TrajectoryMeta:
     """Unique id of this episode."""
     extra: Mapping[str, JSONScalar] = field(default_factory=dict)
     """Small scalar annotations (difficulty, split, answer) — JSON scalars only."""
+    sample_index: int = 0
+    """Position of this sample among its episode's samples, in the order they were sampled (0-based)."""
+    num_samples: int = 1
+    """How many samples (trajectories sharing ``episode_id``) the episode has; 1 for a one-context
+    episode."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object stored in ``trajectories.jsonl``."""
@@ -381,6 +390,8 @@ class TrajectoryMeta:
             "step": self.step,
             "episode_id": self.episode_id,
             "extra": dict(self.extra),
+            "sample_index": self.sample_index,
+            "num_samples": self.num_samples,
         }
 
     @classmethod
@@ -395,6 +406,8 @@ class TrajectoryMeta:
             step=d.get("step"),
             episode_id=str(d.get("episode_id", "")),
             extra=dict(d.get("extra") or {}),
+            sample_index=int(d.get("sample_index", 0)),
+            num_samples=int(d.get("num_samples", 1)),
         )
 
 
