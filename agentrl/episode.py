@@ -39,7 +39,7 @@ import math
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentrl.chat import ChatRenderer
 from agentrl.env import Env, as_step_result
@@ -47,6 +47,9 @@ from agentrl.errors import ConfigError, EnvContractError, PolicyError, SandboxEr
 from agentrl.masking import Piece, build_columns
 from agentrl.protocols import FinishReason, Generation, Policy, Sampling
 from agentrl.types import Action, EpisodeFailure, Message, StopReason, ToolRecord, Trajectory, TrajectoryMeta
+
+if TYPE_CHECKING:
+    from agentrl.samples import SampleSink
 
 __all__ = ["RolloutConfig", "run_episode"]
 
@@ -149,6 +152,7 @@ async def run_episode(
     meta: TrajectoryMeta | None = None,
     options: dict[str, Any] | None = None,
     member: int = 0,
+    samples: SampleSink | None = None,
 ) -> Trajectory:
     """Run one episode of ``env`` with ``policy`` and return its trajectory (never raises for env,
     policy or sandbox failures; those are recorded).
@@ -163,6 +167,9 @@ async def run_episode(
             are filled in when empty.
         options: Passed to ``env.reset``.
         member: Index within the group (only used to derive per-turn sampling seeds).
+        samples: Collects every sample of an episode that outgrows one context (an env's ``compact``;
+            :func:`agentrl.samples.run_samples` passes one). Without it, an env that compacts ends the
+            episode as ``env_error``. The return value is then the episode's last sample.
 
     Raises:
         TemplateError: the template is not append-only and ``config.on_template_mismatch == "raise"``.
@@ -172,9 +179,14 @@ async def run_episode(
     ep = _Episode(start_version=int(getattr(policy, "version", 0)))
     timings, pieces, messages, rewards = ep.timings, ep.pieces, ep.messages, ep.rewards
     fail = ep.fail
+    slot = samples.begin() if samples is not None else -1
+    done_turns = 0  # model turns of the episode's earlier samples (turn limit and sampling seeds)
 
     def finish() -> Trajectory:
-        return ep.finish(meta or TrajectoryMeta(), env, seed, cfg, renderer)
+        traj = ep.finish(meta or TrajectoryMeta(), env, seed, cfg, renderer)
+        if samples is not None:
+            samples.end(slot, traj)
+        return traj
 
     tools = list(getattr(env, "tools", ()) or ())
     history: list[Message] = []  # what the template renders: assistant turns carry their sampled text
@@ -216,7 +228,7 @@ async def run_episode(
             ep.truncated, ep.stop_reason = True, StopReason.MAX_TOKENS
             break
         max_new = min(cfg.max_new_tokens, budget)
-        sampling = cfg.turn_sampling(max_new, seed, member, turn)
+        sampling = cfg.turn_sampling(max_new, seed, member, done_turns + turn)
         t0 = time.perf_counter()
         try:
             gen = _check_generation(await policy.generate(tuple(ids), sampling), renderer.vocab_size, max_new)
@@ -255,7 +267,7 @@ async def run_episode(
             fail(type(e).__name__, str(e), turn, _infra_reason(e))
             break
         timings["env"] += time.perf_counter() - t0
-        new_obs = result.observation
+        new_obs = result.observation if result.compact is None else ()
         messages.append(result.assistant_message or Message("assistant", text))
         rewards.append(result.reward)
         ep.tool_records.extend(result.tool_calls)
@@ -271,9 +283,35 @@ async def run_episode(
         if result.truncated:
             ep.truncated, ep.stop_reason = True, StopReason.ENV_TRUNCATED
             break
-        if turn + 1 >= cfg.max_turns:
+        if done_turns + turn + 1 >= cfg.max_turns:
             ep.truncated, ep.stop_reason = True, StopReason.MAX_TURNS
             break
+        if result.compact is not None:  # this sample ends; the episode goes on in a fresh context
+            if samples is None:
+                fail("EnvContractError", _NO_SINK, turn, StopReason.ENV_ERROR)
+                break
+            ep.stop_reason = StopReason.COMPACTED
+            finish()
+            done_turns += turn + 1
+            ep = _Episode(start_version=int(getattr(policy, "version", 0)))
+            timings, pieces, messages, rewards, fail = ep.timings, ep.pieces, ep.messages, ep.rewards, ep.fail
+            slot = samples.begin()
+            messages.extend(result.compact)
+            history = list(result.compact)
+            t0 = time.perf_counter()
+            try:
+                prompt = renderer.render_prompt(result.compact, tools=tools)
+            except TemplateError as e:
+                timings["render"] += time.perf_counter() - t0
+                if cfg.on_template_mismatch == "raise":
+                    raise
+                ep.truncated = True
+                fail("TemplateError", str(e), -1, StopReason.TEMPLATE_MISMATCH, infra=False)
+                break
+            timings["render"] += time.perf_counter() - t0
+            pieces.extend(prompt.pieces)
+            ids, prefix_text, turn = list(prompt.token_ids), prompt.text, 0
+            continue
 
         t0 = time.perf_counter()
         try:
@@ -307,6 +345,12 @@ async def run_episode(
         turn += 1
 
     return finish()
+
+
+_NO_SINK = (
+    "the env compacted the context (StepResult.compact), which starts a new sample; run it with "
+    "agentrl.samples.run_samples (the trainer's scheduler does), which collects every sample"
+)
 
 
 def _infra_reason(e: BaseException) -> StopReason:

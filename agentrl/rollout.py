@@ -26,6 +26,7 @@ from agentrl.episode import RolloutConfig, run_episode
 from agentrl.errors import ConfigError
 from agentrl.groups import TrajectoryGroup
 from agentrl.protocols import Policy, TrajectoryStore
+from agentrl.samples import run_samples
 from agentrl.types import Trajectory, TrajectoryMeta
 
 __all__ = [
@@ -93,16 +94,21 @@ async def _run_group(
         group_id=base.group_id or uuid.uuid4().hex,
     )
     finished: list[Trajectory] = []
+    episodes = 0
 
     async def one(member: int) -> None:
+        nonlocal episodes
         async with limit:
             e = factory()
-            try:
-                traj = await run_episode(e, policy, renderer, cfg, seed=seed, meta=base, member=member)
+            try:  # one sample, or several when the episode outgrew its context (agentrl.samples)
+                samples = await run_samples(e, policy, renderer, cfg, seed=seed, meta=base, member=member)
             finally:
                 await e.close()
-        finished.append(traj)
-        emit(EpisodeDone(traj, TrajectoryGroup(tuple(finished)) if len(finished) == group_size else None))
+        episodes += 1
+        for k, traj in enumerate(samples):
+            finished.append(traj)
+            last = episodes == group_size and k == len(samples) - 1
+            emit(EpisodeDone(traj, TrajectoryGroup(tuple(finished)) if last else None))
 
     tasks = [asyncio.ensure_future(one(m)) for m in range(group_size)]
     try:
