@@ -135,8 +135,10 @@ async def run_group(
 
     Each member gets a fresh env (built from ``env`` and closed afterwards). The members share
     ``meta.group_id`` (a new id when empty) and ``task_id`` (``"<env id>:<seed>"`` when empty), which link
-    them for group-relative credit assignment. Members are in the order they finished. The same scheduler
-    as :func:`run_groups`, for one seed.
+    them for group-relative credit assignment. Members are in the order they finished. An episode that
+    outgrew its context (:mod:`agentrl.samples`) contributes all its samples, in order, linked by
+    ``meta.episode_id``; the group is complete when all ``group_size`` episodes are. The same scheduler as
+    :func:`run_groups`, for one seed.
     """
     (group,) = [
         done.group

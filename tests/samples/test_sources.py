@@ -198,3 +198,20 @@ def test_the_scheduler_groups_every_sample_of_every_member(renderer):
     for samples in episodes.values():
         assert [s.meta.sample_index for s in samples] == [0, 1, 2]
         assert_linked(samples, renderer)
+
+
+def test_episode_returns_sum_over_samples_and_drop_broken_episodes(renderer):
+    from agentrl.samples import episode_returns, episodes_of
+    from agentrl.types import EpisodeFailure
+
+    _, turns = chain(ContextMode.ENV_COMPACTION)
+    env = LongChainEnv(k=6, context="env-compaction", compact_every=2)
+    ok = asyncio.run(run_samples(env, policy_for(renderer, turns), renderer, CFG, seed=3))
+    env = LongChainEnv(k=6, context="env-compaction", compact_every=2)
+    other = asyncio.run(run_samples(env, policy_for(renderer, turns), renderer, CFG, seed=3))
+    broken = link_samples(
+        [other[0], dataclasses.replace(other[1], errors=(EpisodeFailure("SandboxError", "x", 0, True),))]
+    )
+    mixed = [ok[2], broken[1], ok[0], broken[0], ok[1]]  # any order, as a file may hold them
+    assert [[t.meta.sample_index for t in ep] for ep in episodes_of(mixed)] == [[0, 1, 2], [0, 1]]
+    assert episode_returns(mixed) == [1.0]
