@@ -39,7 +39,7 @@ import math
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from agentrl.chat import ChatRenderer
 from agentrl.env import Env, as_step_result
@@ -48,10 +48,7 @@ from agentrl.masking import Piece, build_columns
 from agentrl.protocols import FinishReason, Generation, Policy, Sampling
 from agentrl.types import Action, EpisodeFailure, Message, StopReason, ToolRecord, Trajectory, TrajectoryMeta
 
-if TYPE_CHECKING:
-    from agentrl.samples import SampleSink
-
-__all__ = ["RolloutConfig", "run_episode"]
+__all__ = ["RolloutConfig", "SampleSink", "run_episode"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +119,45 @@ class RolloutConfig:
             g = 0 if group_seed is None else group_seed
             seed = (self.seed * 1_000_003 + g * 8_191 + member * 131 + turn) % (2**31 - 1)
         return Sampling(max_new_tokens=max_new, temperature=self.temperature, top_p=self.top_p, seed=seed)
+
+
+class SampleSink:
+    """Collects an episode's samples in the order they were started (internal to the rollout; mutable).
+
+    ``begin()`` reserves a slot when a sample's context is opened; ``end(slot, trajectory)`` fills it when
+    the sample finishes. A sub-agent's samples begin while the parent's current sample is open, so they
+    come after it.
+    """
+
+    def __init__(self, parent: SampleSink | None = None) -> None:
+        self._slots: list[Trajectory | None] = []
+        self._parent = parent
+        self._in_parent: list[int] = []
+        self.subagents = 0
+        """Sub-agents started so far (to derive their sampling seeds)."""
+
+    def begin(self) -> int:
+        """Reserve the next slot; returns its index. A sub-agent's sink reserves it in its parent's too,
+        so the episode's order is the order of ``begin`` across the whole tree."""
+        self._slots.append(None)
+        if self._parent is not None:
+            self._in_parent.append(self._parent.begin())
+        return len(self._slots) - 1
+
+    def end(self, slot: int, trajectory: Trajectory) -> None:
+        """Fill ``slot`` with the finished sample."""
+        if self._slots[slot] is not None:
+            raise AssertionError(f"sample slot {slot} was filled twice")  # a rollout bug, not user input
+        self._slots[slot] = trajectory
+        if self._parent is not None:
+            self._parent.end(self._in_parent[slot], trajectory)
+
+    def samples(self) -> tuple[Trajectory, ...]:
+        """The finished samples in order (an unfinished slot is a rollout bug)."""
+        out = tuple(t for t in self._slots if t is not None)
+        if len(out) != len(self._slots):
+            raise AssertionError("an episode ended with a sample that never finished")
+        return out
 
 
 # -------------------------------------------------------------------------------------------------

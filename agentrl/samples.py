@@ -38,7 +38,7 @@ from typing import Any
 
 from agentrl.chat import ChatRenderer
 from agentrl.env import Env
-from agentrl.episode import RolloutConfig, run_episode
+from agentrl.episode import RolloutConfig, SampleSink, run_episode
 from agentrl.errors import ConfigError
 from agentrl.protocols import Policy
 from agentrl.types import StopReason, Trajectory, TrajectoryMeta
@@ -55,45 +55,6 @@ __all__ = [
 
 _SUBAGENT_MEMBER_STRIDE = 100_003
 """Sub-agent k of group member m samples with the seeds of member ``m + k * stride`` (no seed is reused)."""
-
-
-class SampleSink:
-    """Collects an episode's samples in the order they were started (internal to the rollout; mutable).
-
-    ``begin()`` reserves a slot when a sample's context is opened; ``end(slot, trajectory)`` fills it when
-    the sample finishes. A sub-agent's samples begin while the parent's current sample is open, so they
-    come after it.
-    """
-
-    def __init__(self, parent: SampleSink | None = None) -> None:
-        self._slots: list[Trajectory | None] = []
-        self._parent = parent
-        self._in_parent: list[int] = []
-        self.subagents = 0
-        """Sub-agents started so far (to derive their sampling seeds)."""
-
-    def begin(self) -> int:
-        """Reserve the next slot; returns its index. A sub-agent's sink reserves it in its parent's too,
-        so the episode's order is the order of ``begin`` across the whole tree."""
-        self._slots.append(None)
-        if self._parent is not None:
-            self._in_parent.append(self._parent.begin())
-        return len(self._slots) - 1
-
-    def end(self, slot: int, trajectory: Trajectory) -> None:
-        """Fill ``slot`` with the finished sample."""
-        if self._slots[slot] is not None:
-            raise AssertionError(f"sample slot {slot} was filled twice")  # a rollout bug, not user input
-        self._slots[slot] = trajectory
-        if self._parent is not None:
-            self._parent.end(self._in_parent[slot], trajectory)
-
-    def samples(self) -> tuple[Trajectory, ...]:
-        """The finished samples in order (an unfinished slot is a rollout bug)."""
-        out = tuple(t for t in self._slots if t is not None)
-        if len(out) != len(self._slots):
-            raise AssertionError("an episode ended with a sample that never finished")
-        return out
 
 
 def link_samples(samples: Sequence[Trajectory], episode_id: str | None = None) -> tuple[Trajectory, ...]:

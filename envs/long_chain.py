@@ -10,7 +10,7 @@ still to add (a scratchpad), so the history grows quadratically in K::
     ...
     assistant  R1234                         reward 1 iff 1234 is the sum of all K numbers
 
-With the defaults (K = 16) the whole history needs about 1,000 tokens (one token per character); run it
+With the defaults (K = 16) the whole history needs about 640 tokens (one token per character); run it
 with ``--rollout.max-total-tokens`` well below that (``RECOMMENDED_MAX_TOTAL_TOKENS``), and the mode says
 what happens when the context fills (``--env-kwargs '{"context": "..."}'``):
 
@@ -49,7 +49,7 @@ __all__ = ["RECOMMENDED_MAX_TOTAL_TOKENS", "ContextMode", "LongChainEnv", "exper
 
 RECOMMENDED_MAX_TOTAL_TOKENS = 400
 """A context budget (``--rollout.max-total-tokens``, character-level tokens) that holds one sample of
-``compact_every = 4`` calls at K = 16 but not the whole history (about 1,000)."""
+``compact_every = 4`` calls at K = 16 (about 270) but not the whole history (about 640)."""
 
 _CALL = re.compile(r"\[[0-9 ]*\]A(\d{1,6})\+(\d{1,6})")
 _FINAL = re.compile(r"R(\d{1,6})")
