@@ -215,3 +215,39 @@ def test_episode_returns_sum_over_samples_and_drop_broken_episodes(renderer):
     mixed = [ok[2], broken[1], ok[0], broken[0], ok[1]]  # any order, as a file may hold them
     assert [[t.meta.sample_index for t in ep] for ep in episodes_of(mixed)] == [[0, 1, 2], [0, 1]]
     assert episode_returns(mixed) == [1.0]
+
+
+def test_a_tool_env_tool_runs_the_sub_agent(renderer):
+    """The same through a ToolEnv: an async ``@tool`` awaits run_subagent (the tool runs in the episode's
+    context, so it finds the running episode) and the model reads the sub-agent's answer as tool output."""
+    import json
+
+    from agentrl.envs import Task, ToolEnv
+    from agentrl.tools import tool
+
+    @tool
+    async def delegate(question: str) -> str:
+        """Ask a helper agent.
+
+        Args:
+            question: What to ask.
+        """
+        return (await run_subagent(_Child(), seed=2)).answer
+
+    class Boss(ToolEnv):
+        def __init__(self):
+            super().__init__([delegate], parser="hermes", tool_timeout=60.0)
+
+        def make_task(self, options):
+            return Task(prompt="Ask the helper for a colour, then answer with it.", answer="blue")
+
+    args = json.dumps({"name": "delegate", "arguments": {"question": "colour?"}})
+    call = f"<tool_call>\n{args}\n</tool_call>"
+    policy = policy_for(renderer, [call, "blue", "Answer: blue"])
+    samples = asyncio.run(run_samples(Boss(), policy, renderer, CFG, seed=0))
+    assert len(samples) == 2
+    assert_linked(samples, renderer)
+    boss, helper = samples
+    assert helper.meta.extra["subagent_env"] == "_Child" and helper.messages[-1].content == "blue"
+    assert boss.tool_calls[0].name == "delegate" and boss.tool_calls[0].output == "blue"
+    assert boss.reward == 1.0
