@@ -9,7 +9,8 @@ The whole contract::
 
         async def step(self, action: Action) -> StepResult:
             return StepResult(observation, reward, terminated=..., truncated=...,
-                              assistant_message=..., tool_calls=..., info={...})
+                              assistant_message=..., tool_calls=..., info={...},
+                              compact=None)      # or messages: the next sample's whole context
 
         async def close(self) -> None: ...       # optional; envs are async context managers
 
@@ -70,9 +71,20 @@ class StepResult:
     """What each tool call of this turn did (input, output, status, duration)."""
     info: Mapping[str, Any] = field(default_factory=dict)
     """The env's own diagnostics, free for its author; agentrl reads nothing in it."""
+    compact: Observation | None = None
+    """Context compaction: when set, the model's context is replaced by these messages (the compacted
+    history: a summary the env's code wrote, or one the policy wrote in this very turn when the env asked
+    for it). The rollout ends the current sample after this turn (stop reason ``compacted``) and goes on in
+    a new sample of the same episode whose prompt is these messages; ``observation`` is then ignored."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "observation", _tuple_of(self.observation, Message, "observation"))
+        if self.compact is not None:
+            object.__setattr__(self, "compact", _tuple_of(self.compact, Message, "compact"))
+            if not self.compact:
+                raise EnvContractError("step's compact must hold at least one message (the new context)")
+            if self.terminated or self.truncated:
+                raise EnvContractError("step cannot compact the context of an episode that ends")
         r = self.reward
         if isinstance(r, bool) or not isinstance(r, int | float) or not math.isfinite(r):
             raise EnvContractError(f"step's reward must be a finite float, got {r!r}")

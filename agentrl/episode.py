@@ -55,7 +55,7 @@ from agentrl.masking import Piece, build_trajectory
 from agentrl.protocols import FinishReason, Generation, Policy, Sampling
 from agentrl.types import Action, EpisodeFailure, Message, StopReason, ToolRecord, Trajectory, TrajectoryMeta
 
-__all__ = ["RolloutConfig", "run_episode"]
+__all__ = ["RolloutConfig", "SampleSink", "run_episode"]
 
 
 @removed_arguments(
@@ -134,6 +134,45 @@ class RolloutConfig:
         return Sampling(max_new_tokens=max_new, temperature=self.temperature, top_p=self.top_p, seed=seed)
 
 
+class SampleSink:
+    """Collects an episode's samples in the order they were started (internal to the rollout; mutable).
+
+    ``begin()`` reserves a slot when a sample's context is opened; ``end(slot, trajectory)`` fills it when
+    the sample finishes. A sub-agent's samples begin while the parent's current sample is open, so they
+    come after it.
+    """
+
+    def __init__(self, parent: SampleSink | None = None) -> None:
+        self._slots: list[Trajectory | None] = []
+        self._parent = parent
+        self._in_parent: list[int] = []
+        self.subagents = 0
+        """Sub-agents started so far (to derive their sampling seeds)."""
+
+    def begin(self) -> int:
+        """Reserve the next slot; returns its index. A sub-agent's sink reserves it in its parent's too,
+        so the episode's order is the order of ``begin`` across the whole tree."""
+        self._slots.append(None)
+        if self._parent is not None:
+            self._in_parent.append(self._parent.begin())
+        return len(self._slots) - 1
+
+    def end(self, slot: int, trajectory: Trajectory) -> None:
+        """Fill ``slot`` with the finished sample."""
+        if self._slots[slot] is not None:
+            raise AssertionError(f"sample slot {slot} was filled twice")  # a rollout bug, not user input
+        self._slots[slot] = trajectory
+        if self._parent is not None:
+            self._parent.end(self._in_parent[slot], trajectory)
+
+    def samples(self) -> tuple[Trajectory, ...]:
+        """The finished samples in order (an unfinished slot is a rollout bug)."""
+        out = tuple(t for t in self._slots if t is not None)
+        if len(out) != len(self._slots):
+            raise AssertionError("an episode ended with a sample that never finished")
+        return out
+
+
 # -------------------------------------------------------------------------------------------------
 def _check_generation(gen: Any, vocab_size: int, max_new: int) -> Generation:
     """Reject what a policy must never return (engine-side wrong ids, pitfall §15.5)."""
@@ -162,6 +201,7 @@ async def run_episode(
     meta: TrajectoryMeta | None = None,
     options: dict[str, Any] | None = None,
     member: int = 0,
+    samples: SampleSink | None = None,
 ) -> Trajectory:
     """Run one episode of ``env`` with ``policy`` and return its trajectory (never raises for env,
     policy or sandbox failures; those are recorded).
@@ -176,6 +216,9 @@ async def run_episode(
             are filled in when empty.
         options: Passed to ``env.reset``.
         member: Index within the group (only used to derive per-turn sampling seeds).
+        samples: Collects every sample of an episode that outgrows one context (an env's ``compact``;
+            :func:`agentrl.samples.run_samples` passes one). Without it, an env that compacts ends the
+            episode as ``env_error``. The return value is then the episode's last sample.
 
     Raises:
         TemplateError: the template is not append-only and ``config.on_template_mismatch == "raise"``.
@@ -185,9 +228,14 @@ async def run_episode(
     ep = _Episode(start_version=int(getattr(policy, "version", 0)))
     timings, pieces, messages, rewards = ep.timings, ep.pieces, ep.messages, ep.rewards
     fail = ep.fail
+    slot = samples.begin() if samples is not None else -1
+    done_turns = 0  # model turns of the episode's earlier samples (turn limit and sampling seeds)
 
     def finish() -> Trajectory:
-        return ep.finish(meta or TrajectoryMeta(), env, seed, cfg, renderer)
+        traj = ep.finish(meta or TrajectoryMeta(), env, seed, cfg, renderer)
+        if samples is not None:
+            samples.end(slot, traj)
+        return traj
 
     tools = list(getattr(env, "tools", ()) or ())
     history: list[Message] = []  # what the template renders: assistant turns carry their sampled text
@@ -229,7 +277,7 @@ async def run_episode(
             ep.truncated, ep.stop_reason = True, StopReason.MAX_TOKENS
             break
         max_new = min(cfg.max_new_tokens, budget)
-        sampling = cfg.turn_sampling(max_new, seed, member, turn)
+        sampling = cfg.turn_sampling(max_new, seed, member, done_turns + turn)
         t0 = time.perf_counter()
         try:
             gen = _check_generation(await policy.generate(tuple(ids), sampling), renderer.vocab_size, max_new)
@@ -268,7 +316,7 @@ async def run_episode(
             fail(type(e).__name__, str(e), turn, _infra_reason(e))
             break
         timings["env"] += time.perf_counter() - t0
-        new_obs = result.observation
+        new_obs = result.observation if result.compact is None else ()
         messages.append(result.assistant_message or Message("assistant", text))
         rewards.append(result.reward)
         ep.tool_records.extend(result.tool_calls)
@@ -284,9 +332,35 @@ async def run_episode(
         if result.truncated:
             ep.truncated, ep.stop_reason = True, StopReason.ENV_TRUNCATED
             break
-        if turn + 1 >= cfg.max_turns:
+        if done_turns + turn + 1 >= cfg.max_turns:
             ep.truncated, ep.stop_reason = True, StopReason.MAX_TURNS
             break
+        if result.compact is not None:  # this sample ends; the episode goes on in a fresh context
+            if samples is None:
+                fail("EnvContractError", _NO_SINK, turn, StopReason.ENV_ERROR)
+                break
+            ep.stop_reason = StopReason.COMPACTED
+            finish()
+            done_turns += turn + 1
+            ep = _Episode(start_version=int(getattr(policy, "version", 0)))
+            timings, pieces, messages, rewards, fail = ep.timings, ep.pieces, ep.messages, ep.rewards, ep.fail
+            slot = samples.begin()
+            messages.extend(result.compact)
+            history = list(result.compact)
+            t0 = time.perf_counter()
+            try:
+                prompt = renderer.render_prompt(result.compact, tools=tools)
+            except TemplateError as e:
+                timings["render"] += time.perf_counter() - t0
+                if cfg.on_template_mismatch == "raise":
+                    raise
+                ep.truncated = True
+                fail("TemplateError", str(e), -1, StopReason.TEMPLATE_MISMATCH, infra=False)
+                break
+            timings["render"] += time.perf_counter() - t0
+            pieces.extend(prompt.pieces)
+            ids, prefix_text, turn = list(prompt.token_ids), prompt.text, 0
+            continue
 
         t0 = time.perf_counter()
         try:
@@ -320,6 +394,12 @@ async def run_episode(
         turn += 1
 
     return finish()
+
+
+_NO_SINK = (
+    "the env compacted the context (StepResult.compact), which starts a new sample; run it with "
+    "agentrl.samples.run_samples (the trainer's scheduler does), which collects every sample"
+)
 
 
 def _infra_reason(e: BaseException) -> StopReason:

@@ -30,6 +30,7 @@ from agentrl.episode import RolloutConfig, run_episode
 from agentrl.errors import ConfigError
 from agentrl.groups import TrajectoryGroup
 from agentrl.protocols import Policy, TrajectoryStore
+from agentrl.samples import run_samples
 from agentrl.types import Trajectory, TrajectoryMeta
 
 __all__ = [
@@ -113,10 +114,11 @@ def env_episodes(
     factory, env_id = _env_factory(env)
     cfg = config or RolloutConfig()
 
-    async def episode(seed: int, member: int, meta: TrajectoryMeta) -> tuple[Trajectory]:
+    async def episode(seed: int, member: int, meta: TrajectoryMeta) -> tuple[Trajectory, ...]:
         e = factory()
         try:
-            return (await run_episode(e, policy, renderer, cfg, seed=seed, meta=meta, member=member),)
+            # one sample, or several when the episode outgrew its context (agentrl.samples)
+            return await run_samples(e, policy, renderer, cfg, seed=seed, meta=meta, member=member)
         finally:
             await e.close()
 
@@ -172,8 +174,10 @@ async def run_group(
 
     Each member gets a fresh env (built from ``env`` and closed afterwards). The members share
     ``meta.group_id`` (a new id when empty) and ``task_id`` (``"<env id>:<seed>"`` when empty), which link
-    them for group-relative credit assignment. Members are in the order they finished. The same scheduler
-    as :func:`run_groups`, for one seed.
+    them for group-relative credit assignment. Members are in the order they finished. An episode that
+    outgrew its context (:mod:`agentrl.samples`) contributes all its samples, in order, linked by
+    ``meta.episode_id``; the group is complete when all ``group_size`` episodes are. The same scheduler as
+    :func:`run_groups`, for one seed.
     """
     (group,) = [
         done.group

@@ -213,6 +213,10 @@ class StopReason(StrEnum):
     """The sandbox failed under a tool call. Recorded; ``infra_failure`` is set."""
     CANCELLED = "cancelled"
     """The rollout was cancelled (shutdown). ``infra_failure`` is set."""
+    COMPACTED = "compacted"
+    """The context was replaced (the env compacted it, or the policy wrote the summary the env asked for):
+    this sample ends here and the episode goes on in the next sample (``meta.sample_index + 1``). Neither
+    ``terminated`` nor ``truncated``."""
 
     @property
     def is_infra(self) -> bool:

@@ -17,3 +17,5 @@ register("math-tir-arith-v0", "agentrl.envs.math_tir:MathTIREnv", kinds=("arithm
 register("calculator-v0", "agentrl.envs.calculator:CalculatorEnv")
 register("shop-v0", "agentrl.envs.shop:ShopEnv")
 register("code-tests-v0", "agentrl.envs.code_tests:CodeTestsEnv")
+# Longer than one context: env-written, policy-written or no compaction (--env-kwargs '{"context": ...}').
+register("long-chain-v0", "agentrl.envs.long_chain:LongChainEnv")

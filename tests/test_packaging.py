@@ -52,6 +52,7 @@ CORE_LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "checkpoint",
                 "policies",
                 "episode",
+                "samples",
                 "rollout",
                 "testing",
             }

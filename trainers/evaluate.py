@@ -29,6 +29,7 @@ from agentrl.models import ModelSpec, model_folder, resolve_model
 from agentrl.policies import HFPolicy
 from agentrl.protocols import Policy
 from agentrl.rollout import RolloutConfig, run_groups
+from agentrl.samples import episode_returns, episodes_of
 
 __all__ = [
     "INTERVAL",
@@ -223,13 +224,14 @@ async def evaluate_policy(
         group_size=k,
         meta=TrajectoryMeta(env_id=env),
     ):
-        if not done.trajectory.infra_failure:
+        t = done.trajectory
+        if not t.infra_failure and t.meta.sample_index == t.meta.num_samples - 1:  # an episode's last sample
             counted += 1
-            limited += done.trajectory.stop_reason in (StopReason.TURN_TOKENS, StopReason.MAX_TOKENS)
+            limited += t.stop_reason in (StopReason.TURN_TOKENS, StopReason.MAX_TOKENS)
         if done.group is None:
             continue
-        infra += done.group.infra_failures
-        by_task[done.group.task_id] = [t.reward for t in done.group if not t.infra_failure]
+        infra += len(episodes_of(done.group.trajectories)) - len(episode_returns(done.group.trajectories))
+        by_task[done.group.task_id] = episode_returns(done.group.trajectories)  # summed over samples
     order = sorted(by_task, key=lambda t: int(t.rsplit(":", 1)[-1]) if t.rsplit(":", 1)[-1].isdigit() else 0)
     wins = [sum(r >= 1.0 for r in by_task[t]) for t in order]
     ns = [len(by_task[t]) for t in order]

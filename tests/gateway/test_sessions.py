@@ -38,7 +38,11 @@ async def test_dropped_message_splits_into_a_new_segment(renderer):
     assert second.meta.extra["segment_end"] == "finish" and second.meta.group_id == first.meta.group_id
     for t in (first, second):
         audit_trajectory(t, renderer)
-        assert not t.infra_failure and t.reward == 1.0 and t.meta.extra["segments"] == 2
+        assert not t.infra_failure and t.meta.extra["segments"] == 2
+    # The segments are the samples of one episode, in order; its return (the sum) is the session's reward.
+    assert first.meta.episode_id == second.meta.episode_id
+    assert [(t.meta.sample_index, t.meta.num_samples) for t in (first, second)] == [(0, 2), (1, 2)]
+    assert (first.reward, second.reward) == (0.0, 1.0)
     # The new segment's prompt shows the model its earlier call as it sampled it (not the parsed message),
     # and it is prompt (mask 0), never re-tokenized into the old stream.
     prompt = [s for s in second.segments if s.source is TokenSource.PROMPT]

@@ -23,7 +23,9 @@ the latest candidate) and, with ``on_rewrite="split"``, the request starts a new
 as a prompt (never re-tokenized into the old one); with ``"non_trainable"`` the same happens but every
 trajectory of the session is marked unusable for training. :meth:`Session.build` turns each segment with at
 least one model turn into a :class:`~agentrl.types.Trajectory` built by
-:func:`agentrl.masking.build_trajectory`, exactly as a native episode is.
+:func:`agentrl.masking.build_trajectory`, exactly as a native episode is; the segments are the samples of one
+episode (one ``episode_id``, ``sample_index`` in order, the session's reward on the last), as in
+:mod:`agentrl.samples`.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from agentrl.chat import ChatRenderer
 from agentrl.errors import AuditError, ConfigError, TemplateError
 from agentrl.masking import Piece, build_trajectory
 from agentrl.protocols import Generation
+from agentrl.samples import link_samples
 from agentrl.tools import ToolCallParser, get_parser
 from agentrl.types import (
     EpisodeFailure,
@@ -85,8 +88,9 @@ class GatewayConfig:
     instructions are appended to the system message, as ToolEnv does), auto (template when it renders
     tools, else system)."""
     on_rewrite: Literal["split", "non_trainable"] = "split"
-    """When an agent rewrites its history: split (the session goes on in a new trajectory segment; each
-    segment is trained on with the session's reward) or non_trainable (recorded, never trained on)."""
+    """When an agent rewrites its history: split (the session goes on in a new trajectory segment; the
+    segments are linked as the samples of one episode whose return is the session's reward) or
+    non_trainable (recorded, never trained on)."""
     max_new_tokens: int = 512
     """Most tokens per model turn (a request's max_tokens may lower it)."""
     max_total_tokens: int = 4096
@@ -453,7 +457,9 @@ class Session:
 
     # ------------------------------------------------------------------------------------------
     def build(self, reward: float, *, extra: Mapping[str, Any] | None = None) -> list[Trajectory]:
-        """The session's trajectories: one per segment with a model turn, each ending with ``reward``."""
+        """The session's trajectories: one per segment with a model turn, linked as the samples of one
+        episode (:func:`agentrl.samples.link_samples`); the last one ends with ``reward``, the earlier ones
+        with 0 (the episode's return is the sum over its samples)."""
         seg = self.current
         if seg is not None and self.candidates:  # the final answer the agent received
             self._commit(seg, self.candidates[-1], self.candidates[-1].wire)
@@ -500,13 +506,13 @@ class Session:
                 self._trajectory(
                     s,
                     k,
-                    reward,
+                    reward if k == len(segs) - 1 else 0.0,  # the return is the sum over the samples
                     session_errors,
                     {**base_extra, "segment": k, "segment_end": s.ended_by},
                     total,
                 )
             )
-        return out
+        return list(link_samples(out))  # the segments are the samples of one episode, in order
 
     def _trajectory(
         self,

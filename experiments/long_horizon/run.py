@@ -1,0 +1,194 @@
+"""long-chain-v0 measurements with the tiny policy: compaction (env-written, policy-written) vs truncation,
+and OTB vs GRPO with multi-sample episodes, trained from the CLI.
+
+    nice -n 15 python experiments/long_horizon/run.py success --seeds 0 1 2
+    nice -n 15 python experiments/long_horizon/run.py rl --seeds 0 1 --steps 8
+    python experiments/long_horizon/run.py report
+
+``success``: for each seed, a warm-started policy (``policy.warm_start``, trained on demonstrations of
+all three modes) plays ``--tasks`` held-out chains in each mode at the same token budget per turn
+(``max_new_tokens``) and per context (``max_total_tokens``), one episode per task, temperature 1; plus the
+full-history reference (truncate with a budget that holds the whole history). ``rl``: ``agentrl train
+--model <warm start> --env long-chain-v0 --env-kwargs '{"context": "env-compaction", ...}'`` with
+``--credit otb`` and ``--credit grpo`` per seed; the trainer's held-out eval (``eval.json``) before and after.
+Results go to ``results/*.json``; ``report`` prints the tables with 95 % bootstrap intervals (over tasks,
+seeds pooled; paired by task for differences).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+RESULTS = HERE / "results"
+WORK = Path("/tmp/agentrl-long-horizon")
+
+K, EVERY = 12, 3
+"""Chain length and tool calls per sample: the whole history is about 400 tokens."""
+TURN_TOKENS = 3 * K + 12
+"""Token budget per turn (max_new_tokens), the same in every mode."""
+CONTEXT = 256
+"""Context budget (max_total_tokens): one compacted sample fits, the whole history does not."""
+FULL = 1024
+"""The full-history reference's budget (holds every turn)."""
+MODES = ("env-compaction", "policy-compaction", "truncate")
+
+
+def warm(seed: int) -> Path:
+    from policy import warm_start
+
+    return warm_start(WORK / f"warm-{seed}", seed=seed, steps=400, modes=MODES, k=K, compact_every=EVERY)
+
+
+async def _success(folder: Path, mode: str, budget: int, tasks: int, seed: int) -> list[float]:
+    """One episode per held-out task; the episode's return (the sum over its samples) per task."""
+    from agentrl.chat import ChatRenderer
+    from agentrl.envs.long_chain import LongChainEnv
+    from agentrl.models import load_model, load_tokenizer
+    from agentrl.policies import HFPolicy
+    from agentrl.rollout import RolloutConfig, collect
+
+    tok = load_tokenizer(folder)
+    renderer = ChatRenderer(tok)
+    policy = HFPolicy(load_model(folder), tok, stop_token_ids=renderer.stop_token_ids, seed=seed)
+    cfg = RolloutConfig(
+        max_turns=4 * K, max_new_tokens=TURN_TOKENS, max_total_tokens=budget, seed=seed, concurrency=16
+    )
+    groups = await collect(
+        lambda: LongChainEnv(k=K, context=mode, compact_every=EVERY, split="test"),
+        policy,
+        renderer,
+        n_groups=tasks,
+        group_size=1,
+        config=cfg,
+        seed=10_000,
+    )
+    by_task: dict[str, float] = {}
+    for g in groups:
+        by_task[g.task_id] = sum(t.reward for t in g.trajectories)
+    return [by_task[k] for k in sorted(by_task)]
+
+
+def success(seeds: list[int], tasks: int) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / "success.json"
+    data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    for seed in seeds:
+        folder = warm(seed)
+        for mode, budget in [*((m, CONTEXT) for m in MODES), ("truncate", FULL)]:
+            key = f"{mode}@{budget}/seed{seed}"
+            if key in data:
+                continue
+            t0 = time.perf_counter()
+            data[key] = asyncio.run(_success(folder, mode, budget, tasks, seed))
+            print(f"{key}: success {np.mean(data[key]):.3f} ({time.perf_counter() - t0:.0f}s)", flush=True)
+            path.write_text(json.dumps(data, indent=1))
+
+
+def rl(seeds: list[int], steps: int, credits: list[str]) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / "rl.json"
+    data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    kwargs = json.dumps({"context": "env-compaction", "k": K, "compact_every": EVERY})
+    for seed in seeds:
+        folder = warm(seed)
+        for credit in credits:
+            key = f"{credit}/seed{seed}"
+            if key in data:
+                continue
+            run = WORK / f"rl-{credit}-{seed}-{steps}"
+            cmd = [
+                sys.executable, "-m", "agentrl.trainers", "train", "--model", str(folder),
+                "--env", "long-chain-v0", "--env-kwargs", kwargs, "--credit", credit, "--seed", str(seed),
+                "--steps", str(steps), "--group-size", "4", "--groups-per-step", "4",
+                "--rollout.max-new-tokens", str(TURN_TOKENS), "--rollout.max-total-tokens", str(CONTEXT),
+                "--rollout.max-turns", str(4 * K), "--learner.lr", "1e-3", "--eval.tasks", "32",
+                "--no-progress", "--out", str(run),
+            ]  # fmt: skip
+            t0 = time.perf_counter()
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            if out.returncode != 0:
+                raise SystemExit(f"{key} failed:\n{out.stderr[-3000:]}")
+            ev = json.loads((run / "eval.json").read_text())
+            data[key] = {"eval": ev, "seconds": time.perf_counter() - t0, "stdout": out.stdout[-4000:]}
+            print(f"{key}: {out.stdout.strip().splitlines()[-2]}", flush=True)
+            path.write_text(json.dumps(data, indent=1))
+
+
+def _boot(x: np.ndarray, n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, len(x), size=(n, len(x)))].mean(axis=1)
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def report() -> None:
+    path = RESULTS / "success.json"
+    if path.exists():
+        data = json.loads(path.read_text())
+        print("| mode | context budget | seeds | tasks per seed | success | 95 % interval |")
+        print("|---|---|---|---|---|---|")
+        for mode, budget in [*((m, CONTEXT) for m in MODES), ("truncate", FULL)]:
+            runs = {k: v for k, v in data.items() if k.startswith(f"{mode}@{budget}/")}
+            if not runs:
+                continue
+            x = np.concatenate([np.asarray(v, dtype=float) for v in runs.values()])
+            lo, hi = _boot(x)
+            n = len(next(iter(runs.values())))
+            print(f"| {mode} | {budget} | {len(runs)} | {n} | {x.mean():.3f} | [{lo:.3f}, {hi:.3f}] |")
+        for a, b in (("env-compaction", "truncate"), ("policy-compaction", "truncate")):
+            seeds = sorted({k.split("/")[1] for k in data if k.startswith(f"{a}@{CONTEXT}/")})
+            diffs = [
+                np.asarray(data[f"{a}@{CONTEXT}/{s}"]) - np.asarray(data[f"{b}@{CONTEXT}/{s}"])
+                for s in seeds
+                if f"{b}@{CONTEXT}/{s}" in data
+            ]
+            if diffs:
+                d = np.concatenate(diffs)
+                lo, hi = _boot(d)
+                print(f"\n{a} - {b} at {CONTEXT}: {d.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] (paired by task)")
+    path = RESULTS / "rl.json"
+    if path.exists():
+        data = json.loads(path.read_text())
+        print("\n| credit | seed | pass@1 untrained | pass@1 trained | seconds |")
+        print("|---|---|---|---|---|")
+        for key, v in sorted(data.items()):
+            ev = v["eval"]
+            before, after = ev.get("untrained", {}), ev.get("trained", {})
+            print(
+                f"| {key.split('/')[0]} | {key.split('/')[1]} | {before.get('pass@1', float('nan')):.3f} | "
+                f"{after.get('pass@1', float('nan')):.3f} | {v['seconds']:.0f} |"
+            )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("success")
+    s.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    s.add_argument("--tasks", type=int, default=64)
+    r = sub.add_parser("rl")
+    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    r.add_argument("--steps", type=int, default=8)
+    r.add_argument("--credits", nargs="+", default=["otb", "grpo"])
+    sub.add_parser("report")
+    a = p.parse_args()
+    if a.cmd == "success":
+        success(a.seeds, a.tasks)
+    elif a.cmd == "rl":
+        rl(a.seeds, a.steps, a.credits)
+    else:
+        report()
+
+
+if __name__ == "__main__":
+    main()
