@@ -10,7 +10,11 @@ t0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --target $SITE .device/wheels/*.whl >"$OUT/setup.log" 2>&1
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >>"$OUT/setup.log" 2>&1
-for d in .device/debs/*.deb; do dpkg -x "$d" / ; done
+# Unpack beside /, then copy in: `dpkg -x DEB /` would replace a merged-usr system's /lib symlink with a
+# directory holding only libcap (that deb ships ./lib/...), after which gcc cannot link (/lib/.../libc.so.6
+# is gone) and triton/inductor fail to build their helpers (seen on the lent H100, 2026-11-27).
+DEBROOT=/tmp/agentrl-debs; rm -rf $DEBROOT; for d in .device/debs/*.deb; do dpkg -x "$d" $DEBROOT; done
+cp -a $DEBROOT/usr/. /usr/ && if [ -d $DEBROOT/lib ]; then cp -a $DEBROOT/lib/. /usr/lib/; fi
 { nvidia-smi -L; python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"; } | tee "$OUT/machine.txt"
 declare -A status
 ONLY=${ONLY:-}  # e.g. ONLY="throughput lora": run only these parts (a short second call)
