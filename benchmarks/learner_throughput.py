@@ -7,8 +7,8 @@ no-grad forward (``model(...)``, full logits) and a forward with ``labels`` plus
 the same gradient clip and AdamW step. Variants:
 
 * ``agentrl``: the learner as configured (packed micro-batches, chunked LM head with Σπ² and entropy), with
-  ``--attention`` (``auto``: flash_attention_2 where flash_attn imports on CUDA, else flex_attention on CUDA,
-  else the model's own sdpa; flex/flash lay each micro-batch out as one packed row);
+  ``--attention`` (``auto``: flash_attention_2 where flash_attn imports on CUDA, else the model's own sdpa;
+  flex/flash lay each micro-batch out as one packed row);
 * ``agentrl-sdpa``: the same with SDPA attention (packed rows get a dense block-diagonal mask);
 * ``agentrl-flex``: the same with flex_attention (CUDA; torch's flex backward does not run on CPU);
 * ``agentrl-padded``: SDPA with ``pack_sequences=False`` (right-padded rows of similar length);
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         "--attention",
         default="auto",
         choices=ATTENTION_CHOICES,
-        help="the agentrl and floor variants' attention (auto: flash_attention_2 / flex_attention on CUDA)",
+        help="the agentrl and floor variants' attention (auto: flash_attention_2 with flash_attn, else sdpa)",
     )
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--reps", type=int, default=3)
@@ -248,8 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--variants",
         default=None,
-        help=f"of {','.join(VARIANTS)}; CUDA: agentrl,agentrl-sdpa,agentrl-padded,floor (and "
-        "agentrl-flex when auto is flash_attention_2); CPU: agentrl,floor (it is slow)",
+        help=f"of {','.join(VARIANTS)}; CUDA: agentrl,agentrl-flex,agentrl-padded,floor; "
+        "CPU: agentrl,floor (it is slow)",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     hi = a.max_len or (4096 if cuda else 192)
     autocast = cuda if a.bf16_autocast is None else a.bf16_autocast
     reps = 2 if a.quick else a.reps
-    names = a.variants or ("agentrl,agentrl-sdpa,agentrl-padded,floor" if cuda else "agentrl,floor")
+    names = a.variants or ("agentrl,agentrl-flex,agentrl-padded,floor" if cuda else "agentrl,floor")
     variants = [v for v in names.split(",") if v]
     unknown = set(variants) - set(VARIANTS)
     if unknown or "floor" not in variants or "agentrl" not in variants:
@@ -294,8 +294,6 @@ def main(argv: list[str] | None = None) -> int:
         attention=a.attention,
     )
     learner = Learner(model, cfg)
-    if cuda and a.variants is None and learner._attention() == "flash_attention_2":
-        variants.insert(1, "agentrl-flex")
     budget, chunk = learner._budget(), learner._chunk()
 
     def config_of(name: str) -> LearnerConfig:

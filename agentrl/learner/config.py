@@ -91,8 +91,8 @@ class LearnerConfig:
     """length-triggered: the rate never goes below this fraction of ``lr``."""
     attention: AttentionName = "auto"
     """Attention implementation of the learner's passes (:mod:`agentrl.learner.attention`): ``auto``
-    (flash_attention_2 where flash_attn imports on CUDA, else flex_attention on CUDA, else sdpa; on CPU the
-    model's own, sdpa), ``sdpa``, ``flex_attention``, ``flash_attention_2`` or ``eager``. Set on the model
+    (flash_attention_2 where flash_attn imports on CUDA, else sdpa; flex_attention only when named; on CPU
+    the model's own, sdpa), ``sdpa``, ``flex_attention``, ``flash_attention_2`` or ``eager``. Set on the model
     only during the learner's passes; a sampler sharing the model keeps its own. Packed rows take the
     document-masked kernels (flex, flash) without a dense [T, T] mask."""
 
