@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentrl.chat import ChatRenderer
-from agentrl.episode import run_episode
 from agentrl.errors import ConfigError, PolicyError
 from agentrl.protocols import Generation, Sampling, UpdatablePolicy, WeightSink, WeightUpdate
 from agentrl.rollout import schedule_groups
+from agentrl.samples import run_samples
 from agentrl.trainers.distributed.weights import WeightRef, WeightTransport
 from agentrl.types import Provenance, StopReason, Trajectory, TrajectoryMeta
 from agentrl.weights import weights_checksum
@@ -373,7 +373,7 @@ class RolloutWorker:
             make_env = await self._env_factory()
 
             async def episode(seed: int, member: int, meta: TrajectoryMeta) -> tuple[Trajectory, ...]:
-                return (await self._episode(make_env, seed, member, meta),)
+                return await self._episode(make_env, seed, member, meta)
 
         events = schedule_groups(
             episode,
@@ -389,9 +389,10 @@ class RolloutWorker:
 
     async def _episode(
         self, make_env: Callable[[], Any], seed: int, member: int, group: TrajectoryMeta
-    ) -> Trajectory:
-        """One episode on the inference servers: sticky to the server the balancer gives it, started over on
-        another (a few times at most) when its server was lost."""
+    ) -> tuple[Trajectory, ...]:
+        """One episode on the inference servers (its samples: several when the env compacts its context or
+        a tool runs a sub-agent, :func:`agentrl.samples.run_samples`): sticky to the server the balancer
+        gives it, started over on another (a few times at most) when its server was lost."""
         meta = dataclasses.replace(group, episode_id=f"{group.group_id}-m{member}")
         from agentrl.trainers.train_setup import rollout_config
 
@@ -401,14 +402,14 @@ class RolloutWorker:
             policy = ServerPolicy(self.servers, self.balancer, index)
             env = make_env()
             try:
-                traj = await run_episode(
+                samples = await run_samples(
                     env, policy, self.renderer, rollout, seed=seed, meta=meta, member=member
                 )
             finally:
                 await env.close()
                 self.balancer.release.remote(policy.index)
             if (
-                not (policy.lost and traj.stop_reason is StopReason.POLICY_ERROR)
+                not (policy.lost and samples[-1].stop_reason is StopReason.POLICY_ERROR)
                 or attempt == self.episode_retries
             ):
                 break  # a lost server's episode starts over on another server, a few times at most
@@ -420,7 +421,7 @@ class RolloutWorker:
             episode_attempts=attempt + 1,
             server_failovers=policy.failovers,
         )
-        return _stamped(traj, provenance)
+        return tuple(_stamped(t, provenance) for t in samples)
 
 
 def _stamped(traj: Trajectory, provenance: Provenance) -> Trajectory:
