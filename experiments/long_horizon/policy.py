@@ -15,11 +15,15 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "otb_reproduction"))
+import tiny_task
 
 from agentrl.chat import ChatRenderer
 from agentrl.envs.long_chain import LongChainEnv
@@ -28,56 +32,19 @@ from agentrl.samples import run_samples
 from agentrl.testing import ScriptedPolicy
 from agentrl.types import Trajectory
 
-SPECIALS = ("<pad>", "<u>", "<a>", "<t>", "<e>")
 CHARS = tuple("0123456789 +[]ACRS")
-CHAT_TEMPLATE = (
-    "{% for m in messages %}"
-    "{% if m['role'] == 'user' %}<u>{{ m['content'] }}<e>"
-    "{% elif m['role'] == 'assistant' %}<a>{{ m['content'] }}<e>"
-    "{% elif m['role'] == 'tool' %}<t>{{ m['content'] }}<e>{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}<a>{% endif %}"
-)
+"""The long-chain alphabet; the tokenizer, chat template and model are the OTB reproduction's."""
 _MESSAGE = re.compile(r"<([uat])>(.*?)<e>")
 
 
 def build_tokenizer() -> Any:
-    """A character-level ``PreTrainedTokenizerFast`` with the chat template (23 tokens, no files)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {t: i for i, t in enumerate(SPECIALS + CHARS)}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tk.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=tk,
-        pad_token="<pad>",
-        eos_token="<e>",
-        additional_special_tokens=["<u>", "<a>", "<t>"],
-    )
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
+    """The reproduction's character-level tokenizer over the long-chain alphabet (23 tokens, no files)."""
+    return tiny_task.build_tokenizer(CHARS)
 
 
 def tiny_policy(vocab_size: int, *, seed: int = 0, hidden: int = 64, layers: int = 2) -> Any:
-    """A random-init Llama-architecture causal LM (about 0.1 M parameters), room for 1,024 positions."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=3 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        pad_token_id=0,
-        eos_token_id=SPECIALS.index("<e>"),
-        bos_token_id=None,
-    )
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(cfg).float()
+    """The reproduction's random-init tiny Llama (about 0.1 M parameters), room for 1,024 positions."""
+    return tiny_task.tiny_policy(vocab_size, seed=seed, hidden=hidden, layers=layers, max_positions=1024)
 
 
 def _slip(text: str, rng: random.Random, p: float) -> str:

@@ -45,12 +45,13 @@ _CALL = re.compile(r"\[[0-9 ]*\]A(\d{1,5})\+(\d{1,5})")
 _FINAL = re.compile(r"R(\d{1,5})")
 
 
-def build_tokenizer() -> Any:
-    """A character-level ``PreTrainedTokenizerFast`` with the chat template (21 tokens, no files)."""
+def build_tokenizer(chars: Sequence[str] = CHARS) -> Any:
+    """A character-level ``PreTrainedTokenizerFast`` with the chat template (21 tokens with this task's
+    ``chars``, no files); other tiny tasks pass their own alphabet."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {t: i for i, t in enumerate(SPECIALS + CHARS)}
+    vocab = {t: i for i, t in enumerate(SPECIALS + tuple(chars))}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tk.decoder = decoders.Fuse()
@@ -64,7 +65,9 @@ def build_tokenizer() -> Any:
     return tok
 
 
-def tiny_policy(vocab_size: int, *, seed: int = 0, hidden: int = 64, layers: int = 2) -> Any:
+def tiny_policy(
+    vocab_size: int, *, seed: int = 0, hidden: int = 64, layers: int = 2, max_positions: int = 512
+) -> Any:
     """A random-init Llama-architecture causal LM (about 0.1 M parameters at the defaults)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -75,7 +78,7 @@ def tiny_policy(vocab_size: int, *, seed: int = 0, hidden: int = 64, layers: int
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=4,
-        max_position_embeddings=512,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         pad_token_id=0,
         eos_token_id=SPECIALS.index("<e>"),
