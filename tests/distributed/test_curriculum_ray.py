@@ -1,8 +1,8 @@
-"""``--curriculum difficulty`` on the Ray runtime, on a real small Ray cluster (scripted math-tir policy on
-the inference servers, real envs, the tiny learner), with ``--max-staleness 1``: the one loop draws every step's
-tasks from the trainer's sampler on the driver, the sampler observes each trained group's mean return, its
-state is saved beside every checkpoint, and a step's draws are what a sampler restored from that state draws.
-The ledger stays settled (issued = trained + dropped)."""
+"""``--curriculum difficulty`` on the Ray runtime, on a real small Ray cluster (scripted math-tir policy
+on the inference servers, real envs, the tiny learner), with ``--max-staleness 1``: the one loop draws
+every step's tasks from the trainer's sampler on the driver, the sampler observes each trained group's mean
+return, its state is saved beside every checkpoint, and a step's draws are what a sampler restored from that
+state draws. The ledger stays settled (issued = trained + dropped)."""
 
 import json
 from collections import defaultdict
