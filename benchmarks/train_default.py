@@ -107,6 +107,9 @@ def run_train(seed: int, out: Path, extra: list[str]) -> dict[str, Any]:
                 "episodes": m["episodes/total"],
                 "reward": m["reward/mean"],
                 "used_tool": m["tools/used_frac"],
+                # Groups whose rewards all tie carry no gradient (issue 29 measures how often).
+                "groups_drawn": m.get("groups/drawn"),
+                "groups_zero_variance": m.get("groups/zero_variance"),
             }
             for m in metrics
         ],
