@@ -154,6 +154,13 @@ class LocalRuntime:
         if self.adapted is not None:
             await verify_served(self.run, self.policy, self.learner.model, version)
 
+    async def finish_updates(self) -> None:
+        """The learner's AdamW moments (twice the weights) are on disk in the last checkpoint: freeing them
+        keeps the trained evaluation, which rebuilds the sampler's packed weights and KV, under the
+        default run's memory budget."""
+        self.learner.release_optimizer_state()
+        trim_heap()
+
     async def save_checkpoint(self, run: RunDir, step: int, *, keep: int) -> None:
         """Weights, optimizer, RNG and the learning-rate schedule's state after ``step`` steps."""
         if self._stability is None:  # no update since the start: keep the start checkpoint's state

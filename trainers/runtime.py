@@ -69,6 +69,11 @@ class TrainRuntime(Protocol):
         (it then prints why)."""
         ...
 
+    async def finish_updates(self) -> None:
+        """No update follows and the last checkpoint is written: free what only updates use (the
+        optimizer's state) before the trained evaluation. :meth:`update` is refused afterwards."""
+        ...
+
     async def save_checkpoint(self, run: RunDir, step: int, *, keep: int) -> None:
         """Write ``checkpoints/step-<step>`` (weights after ``step`` steps, optimizer, RNG, data position)."""
         ...

@@ -174,6 +174,7 @@ class Learner:
         self.model = model
         self.config = config or LearnerConfig()
         self.ref_model = ref_model
+        self._updates_finished = False
         if ref_model is not None:
             ref_model.requires_grad_(False)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -373,6 +374,14 @@ class Learner:
         lp, _ = self._score_with(self.ref_model, batch, spi2=False)
         return lp
 
+    def release_optimizer_state(self) -> None:
+        """No update follows (the run's last checkpoint holds the optimizer's state): free the optimizer's
+        moments, twice the weights' memory under AdamW, so what runs next (the trained held-out
+        evaluation) does not peak on top of them. A later :meth:`step` is refused: it would restart the
+        moments at zero."""
+        self.optimizer.state.clear()
+        self._updates_finished = True
+
     # ---------------------------------------------------------------------------------------------
     def step(
         self,
@@ -383,6 +392,10 @@ class Learner:
     ) -> LearnerStats:
         """One optimizer step on ``batch`` with the given advantages (gradient accumulated over
         micro-batches balanced by token count; normalisers global over the batch and all ranks)."""
+        if self._updates_finished:
+            raise ConfigError(
+                "this Learner released its optimizer state (release_optimizer_state): no more steps"
+            )
         cfg = self.config
         dev = self.device
         batch = batch.to(dev)

@@ -332,3 +332,19 @@ def test_end_to_end_collate_score_otb_step():
     assert stats.clip_frac == 0.0 and stats.tokens == int(m.sum())
     diag = variance_proxy_metrics(adv, batch.loss_mask_B_T, lp, sp, grad_norm=stats.grad_norm)
     assert diag.total_power > 0 and diag.pure_noise is not None
+
+
+def test_release_optimizer_state_frees_the_moments_and_refuses_further_steps():
+    model = tiny_llama()
+    batch = make_batch()
+    lp0, _ = current_logprobs(model, batch)
+    batch = dataclasses.replace(batch, old_logprobs_B_T=lp0 * batch.loss_mask_B_T)
+    learner = Learner(model, LearnerConfig(lr=1e-3))
+    learner.step(batch, advantages(batch))
+    state = learner.optimizer.state.values()
+    moments = sum(t.numel() for s in state for t in s.values() if torch.is_tensor(t))
+    assert moments >= 2 * sum(p.numel() for p in model.parameters())  # AdamW: exp_avg and exp_avg_sq
+    learner.release_optimizer_state()
+    assert len(learner.optimizer.state) == 0
+    with pytest.raises(ConfigError, match="released its optimizer state"):
+        learner.step(batch, advantages(batch))

@@ -163,6 +163,10 @@ class LearnerActor:
         # bf16), so the checksum the servers report of their own weights is the one published.
         return transport.put(version, served_copy(state, self.precision.sampler)) if self.rank == 0 else None
 
+    def release_optimizer_state(self) -> None:
+        """No update follows (:meth:`Learner.release_optimizer_state`): free this rank's optimizer moments."""
+        self.learner.release_optimizer_state()
+
     def save_checkpoint(self, run_path: str, step: int, keep: int) -> None:
         """Write ``checkpoints/step-<step>`` (rank 0 writes; every rank joins the gathers)."""
         from agentrl.checkpoint import CheckpointState, save_checkpoint

@@ -491,6 +491,10 @@ class RayRuntime:
         finally:
             self.balancer.release.remote(policy.index)
 
+    async def finish_updates(self) -> None:
+        """Every learner rank frees its optimizer moments (the last checkpoint holds them)."""
+        await asyncio.gather(*(lrn.release_optimizer_state.remote() for lrn in self.learners))
+
     async def save_checkpoint(self, run: RunDir, step: int, *, keep: int) -> None:
         """The learner group writes the checkpoint (the run directory must be on a disk the learner's node
         shares with the driver: with one node, or a shared file system)."""
