@@ -8,6 +8,11 @@ attribute ``name`` is a *choice* (the advantage estimators): ``--estimator grpo`
 ``"name"`` (a bare name also reads). Unknown flags, values of the wrong type, options the chosen member lacks
 and (through the config's own ``__post_init__``) contradictory settings are rejected with a message naming
 the flag, so nothing is a silent no-op. The README's "Training" section says why this is not a library.
+
+A nested config marked with ``metadata=FLAT_FLAGS`` (``TrainConfig.deploy``) is a group of settings split out
+of its enclosing config: its fields keep the flags they had as the enclosing config's own (``--ray``, not
+``--deploy.ray``), and a dict that has them at the top level (a ``config.json`` written before the split)
+reads with them lifted into the nested config.
 """
 
 from __future__ import annotations
@@ -30,9 +35,24 @@ from typing import Any, TypeVar
 
 from agentrl.errors import ConfigError
 
-__all__ = ["add_config_arguments", "config_from_args", "config_from_dict", "config_to_dict", "field_docs"]
+__all__ = [
+    "FLAT_FLAGS",
+    "add_config_arguments",
+    "config_from_args",
+    "config_from_dict",
+    "config_to_dict",
+    "field_docs",
+]
 
 C = TypeVar("C")
+
+FLAT_FLAGS: Mapping[str, Any] = types.MappingProxyType({"agentrl.config": "flat"})
+"""Field metadata of a nested config whose settings keep flat flags and flat ``config.json`` keys:
+``deploy: DeployConfig = field(default_factory=DeployConfig, metadata=FLAT_FLAGS)``."""
+
+
+def _is_flat(f: dataclasses.Field[Any]) -> bool:
+    return bool(f.metadata.get("agentrl.config") == "flat")
 
 
 @cache
@@ -144,23 +164,34 @@ class _Setting:
     """Option only: member name → (type, default, doc) for each member that has this field."""
     choice_path: str = ""
     """Option only: the path of its selector."""
+    flag: str = ""
+    """The flag's name without ``--`` where it is not the path: a field of a flat nested config
+    (:data:`FLAT_FLAGS`) has its own name (``ray`` for ``deploy.ray``)."""
+
+    @property
+    def name(self) -> str:
+        """The flag's name without ``--`` (``learner.lr``, ``ray``)."""
+        return self.flag or self.path
 
 
-def _walk(cls: type, prefix: str = "") -> list[_Setting]:
+def _walk(cls: type, prefix: str = "", flag_prefix: str | None = None) -> list[_Setting]:
     out = []
     hints = _hints(cls)
     docs = field_docs(cls)
+    flag_prefix = prefix if flag_prefix is None else flag_prefix
     for f in dataclasses.fields(cls):
         if not f.init:
             continue
         tp = hints[f.name]
         path = f"{prefix}{f.name}"
+        flag = "" if flag_prefix == prefix else f"{flag_prefix}{f.name}"
         doc = docs.get(f.name, "")
         choices = _choices(tp)
         if dataclasses.is_dataclass(tp):
-            out += _walk(tp, path + ".")  # type: ignore[arg-type]
+            inner_flags = flag_prefix if _is_flat(f) else f"{flag or path}."
+            out += _walk(tp, path + ".", inner_flags)  # type: ignore[arg-type]
         elif choices is not None:
-            out.append(_Setting(path, tp, _default(f), doc, choices=choices))
+            out.append(_Setting(path, tp, _default(f), doc, choices=choices, flag=flag))
             per: dict[str, dict[str, tuple[Any, Any, str]]] = {}
             for name, member in choices.items():
                 member_hints, member_docs = _hints(member), field_docs(member)
@@ -172,11 +203,19 @@ def _walk(cls: type, prefix: str = "") -> list[_Setting]:
                             member_docs.get(mf.name, ""),
                         )
             out += [
-                _Setting(f"{path}.{opt}", None, dataclasses.MISSING, "", options=m, choice_path=path)
+                _Setting(
+                    f"{path}.{opt}",
+                    None,
+                    dataclasses.MISSING,
+                    "",
+                    options=m,
+                    choice_path=path,
+                    flag=f"{flag}.{opt}" if flag else "",
+                )
                 for opt, m in per.items()
             ]
         else:
-            out.append(_Setting(path, tp, _default(f), doc))
+            out.append(_Setting(path, tp, _default(f), doc, flag=flag))
     return out
 
 
@@ -248,14 +287,14 @@ def add_config_arguments(
         if s.choices is not None:
             members = "; ".join(f"{n} = {_summary(c)}" for n, c in s.choices.items())
             groups[s.path] = parser.add_argument_group(
-                f"--{s.path}",
-                f"{s.doc.rstrip('.')}. --{s.path} NAME picks one: {members}. --{s.path}.<option> sets an "
+                f"--{s.name}",
+                f"{s.doc.rstrip('.')}. --{s.name} NAME picks one: {members}. --{s.name}.<option> sets an "
                 "option of the one picked (an option it does not have is an error).".replace("%", "%%"),
             )
         target = groups.get(s.choice_path or s.path, parser)
-        flags = [f"--{s.path}"]
-        if "_" in s.path:
-            flags.append(f"--{s.path.replace('_', '-')}")
+        flags = [f"--{s.name}"]
+        if "_" in s.name:
+            flags.append(f"--{s.name.replace('_', '-')}")
         if s.path in reverse:
             flags.append(f"--{reverse[s.path]}")
         text, metavar, is_bool = _help(s)
@@ -268,12 +307,12 @@ def add_config_arguments(
         )
         if is_bool:
             target.add_argument(
-                f"--no-{s.path.replace('_', '-')}",
+                f"--no-{s.name.replace('_', '-')}",
                 dest=s.path,
                 action="store_const",
                 const="false",
                 default=argparse.SUPPRESS,
-                help=f"same as --{s.path} false",
+                help=f"same as --{s.name} false",
             )
 
 
@@ -301,7 +340,8 @@ def config_from_args(cls: type[C], ns: argparse.Namespace, base: C | None = None
     tree = config_to_dict(base) if base is not None else {}
     # Selectors first: an option given before its --estimator still applies to the chosen member.
     for path in sorted(given, key=lambda p: settings[p].choices is None):
-        s, raw, flag = settings[path], given[path], f"--{path}"
+        s, raw = settings[path], given[path]
+        flag = f"--{s.name}"
         node, leaf = _node(tree, s.choice_path or path)
         if s.choices is not None:
             if raw not in s.choices:
@@ -311,10 +351,11 @@ def config_from_args(cls: type[C], ns: argparse.Namespace, base: C | None = None
         elif s.options is not None:
             chosen = _chosen(node.get(leaf), settings[s.choice_path].default)
             if chosen is None or chosen not in s.options:
-                own = [f"--{o.path}" for o in settings.values() if o.options and chosen in o.options]
-                own = [o for o in own if o.startswith(f"--{s.choice_path}.")]
+                selector = settings[s.choice_path].name
+                own = [f"--{o.name}" for o in settings.values() if o.options and chosen in o.options]
+                own = [o for o in own if o.startswith(f"--{selector}.")]
                 raise ConfigError(
-                    f"{flag} does not apply to --{s.choice_path} {chosen} "
+                    f"{flag} does not apply to --{selector} {chosen} "
                     f"(its options: {', '.join(own) if own else 'none'})"
                 )
             tp = s.options[chosen][0]
@@ -399,13 +440,49 @@ def _from_json(tp: Any, value: Any, where: str, default: Any) -> Any:
     return value
 
 
+def _lift_flat(
+    fields: Sequence[dataclasses.Field[Any]], hints: Mapping[str, Any], data: Mapping[str, Any], where: str
+) -> Mapping[str, Any]:
+    """``data`` with the top-level keys of a flat nested config's settings (:data:`FLAT_FLAGS`; the form
+    ``config.json`` had before they were split out) moved into that config's dict."""
+    own = {f.name for f in fields}
+    out: dict[str, Any] | None = None
+    for f in fields:
+        if not _is_flat(f):
+            continue
+        inner = {g.name for g in dataclasses.fields(hints[f.name]) if g.init} - own
+        lifted = {k: data[k] for k in data if k in inner}
+        if not lifted:
+            continue
+        out = dict(data) if out is None else out
+        for k in lifted:
+            del out[k]
+        nested = out.get(f.name)
+        if dataclasses.is_dataclass(nested) and not isinstance(nested, type):
+            nested = config_to_dict(nested)
+        if nested is None:
+            nested = {}
+        if not isinstance(nested, Mapping):
+            raise ConfigError(f"{_join(where, f.name)}: expected a mapping, got {type(nested).__name__}")
+        both = sorted(lifted.keys() & nested.keys())
+        if both:
+            raise ConfigError(
+                f"{sorted(_join(where, k) for k in both)} given both at the top level (the form of earlier "
+                f"releases) and in {_join(where, f.name)!r}; give each once"
+            )
+        out[f.name] = {**nested, **lifted}
+    return data if out is None else out
+
+
 def config_from_dict(cls: type[C], data: Any, *, where: str = "", defaults: C | None = None) -> C:
     """Build ``cls`` from a (possibly partial, nested) dict; unknown keys are an error.
 
     Missing settings take the value in ``defaults`` when given, else the field's default; a nested
     config's missing settings take the values of the enclosing config's default for it (so
     ``{"learner": {"lr": 1e-6}}`` keeps every other setting of the default learner). ``cls`` may also be
-    a choice (a union of self-naming dataclasses); ``data`` is then a member's name or its dict form.
+    a choice (a union of self-naming dataclasses); ``data`` is then a member's name or its dict form. The
+    settings of a flat nested config (:data:`FLAT_FLAGS`) read at the top level too, as they were written
+    before they were split out of ``cls``.
     """
     choices = _choices(cls)
     if choices is not None:
@@ -415,6 +492,7 @@ def config_from_dict(cls: type[C], data: Any, *, where: str = "", defaults: C | 
         raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}")
     hints = _hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    data = _lift_flat(fields, hints, data, where)
     unknown = set(data) - {f.name for f in fields}
     if unknown:
         owner = f" of {cls.name}" if _is_choice_member(cls) else ""  # type: ignore[attr-defined]

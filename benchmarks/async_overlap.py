@@ -169,6 +169,7 @@ def run_one_ray(S: int, args: argparse.Namespace, out: Path) -> dict[str, float]
     from agentrl.rollout import RolloutConfig
     from agentrl.trainers.distributed import RayOptions, ray_runtime
     from agentrl.trainers.distributed.learner import LearnerActor
+    from agentrl.trainers.train_setup import DeployConfig
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests/
     from tests.distributed.scripted import ScriptedTIRFactory  # a test fake, not shipped
@@ -200,8 +201,7 @@ def run_one_ray(S: int, args: argparse.Namespace, out: Path) -> dict[str, float]
         ),
         learner=LearnerConfig(lr=1e-3),
         checkpoint_every=10_000,
-        ray="auto",
-        rollout_workers=2,
+        deploy=DeployConfig(ray="auto", rollout_workers=2),
     )
     opts = RayOptions(
         policy_factory=ScriptedTIRFactory(generate_s=args.gen_s), learner_actor=SleepyLearnerActor

@@ -52,8 +52,7 @@ async def measure(workers: int, args: argparse.Namespace, root: Path) -> dict[st
             seed=1,
         ),
         progress=False,
-        ray="local",
-        rollout_workers=workers,
+        deploy=train_setup.DeployConfig(ray="local", rollout_workers=workers),
     )
     cfg, run = train_setup.prepare_run(cfg)
     opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=args.generate_s, tool_s=args.tool_s))

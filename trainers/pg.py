@@ -56,7 +56,7 @@ def open_runtime(cfg: TrainConfig, run: RunDir) -> contextlib.AbstractAsyncConte
     """The runtime the config asks for: Ray actors with ``--ray``
     (:func:`agentrl.trainers.distributed.ray_runtime`), else this process
     (:func:`agentrl.trainers.local.local_runtime`)."""
-    if cfg.ray is not None:
+    if cfg.deploy.ray is not None:
         from agentrl.trainers.distributed import ray_runtime
 
         return ray_runtime(cfg, run)

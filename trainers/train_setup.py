@@ -14,16 +14,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 import agentrl
 from agentrl.chat import ChatRenderer
-from agentrl.config import config_to_dict
+from agentrl.config import FLAT_FLAGS, config_to_dict
 from agentrl.credit import OTB, AdvantageEstimator, Estimator, estimator_config
 from agentrl.dynamic_sampling import DynamicSamplingConfig, NoDynamicSampling
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, removed_arguments
 from agentrl.learner import LearnerConfig
 from agentrl.learner.correction import Correction
 from agentrl.lora import LoraConfig, published_state
@@ -34,10 +34,12 @@ from agentrl.protocols import UpdatablePolicy, WeightSink, WeightUpdate
 from agentrl.rollout import RolloutConfig
 from agentrl.run import ModelSpec, RunDir
 from agentrl.staleness import Admission, OnStale
+from agentrl.trainers.deploy import DeployConfig
 from agentrl.trainers.evaluate import EvalConfig
 
 __all__ = [
     "RESUMABLE",
+    "DeployConfig",
     "TrainConfig",
     "env_arguments",
     "env_factory",
@@ -56,6 +58,15 @@ __all__ = [
 ]
 
 
+_DEPLOY = tuple(f.name for f in dataclasses.fields(DeployConfig))
+_MOVED = (
+    "the deployment settings moved into TrainConfig.deploy: pass deploy=DeployConfig({0}=...) "
+    "(from agentrl.trainers.train_setup) and read cfg.deploy.{0}; the --{1} flag and the config.json files "
+    "of earlier runs are unchanged"
+)
+
+
+@removed_arguments({n: _MOVED.format(n, n.replace("_", "-")) for n in _DEPLOY})
 @dataclass(frozen=True)
 class TrainConfig:
     """``agentrl train``: every setting, with the embedded default (SmolLM2-135M, math-tir-arith-v0, OTB)."""
@@ -152,18 +163,9 @@ class TrainConfig:
     """Held-out evaluation of the untrained (before step 0) and trained (after the last step) policy on the
     same tasks of the env's test split; pass@1 with a 95 % interval, printed and written to
     <run>/eval.json. --eval.tasks 0 turns it off."""
-    ray: str | None = None
-    """Run on Ray: 'local' (start Ray in this process), 'auto' (join the cluster this node belongs to) or
-    'ray://host:port'; unset, everything runs in this process. See docs/distributed.md."""
-    rollout_workers: int = 1
-    """With --ray: rollout worker actors (each runs many episodes, with a sandbox pool on its node)."""
-    inference_servers: int = 1
-    """With --ray: inference server actors (episodes are spread over them by in-flight count)."""
-    learners: int = 1
-    """With --ray: learner actors (more than one shard the model with FSDP over gloo/NCCL)."""
-    weights_dir: str | None = None
-    """With --ray: publish weights as safetensors files in this folder (every node must mount it) instead of
-    through the Ray object store."""
+    deploy: DeployConfig = field(default_factory=DeployConfig, metadata=FLAT_FLAGS)
+    """Where the run runs (--ray, --rollout-workers, --inference-servers, --learners, --weights-dir: the flags
+    keep these names); not part of the experiment, so a resume may change it. See trainers/deploy.py."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters instead of full fine-tuning (--lora.rank R > 0; peft): the optimizer holds only the
     adapters, checkpoints hold only the adapter (plus the base model's name and weights checksum) and samplers
@@ -185,9 +187,6 @@ class TrainConfig:
             "steps",
             "checkpoint_every",
             "keep_checkpoints",
-            "rollout_workers",
-            "inference_servers",
-            "learners",
         ):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -217,16 +216,8 @@ class TrainConfig:
                 f"({self.learner.temperature}) differ: the learner would score a distribution the "
                 "sampler never used. Set both."
             )
-        if self.ray is None:
-            extra = [n for n in ("rollout_workers", "inference_servers", "learners") if getattr(self, n) != 1]
-            if extra or self.weights_dir is not None:
-                flags = [
-                    f"--{n.replace('_', '-')}"
-                    for n in [*extra, *(["weights_dir"] if self.weights_dir else [])]
-                ]
-                raise ConfigError(
-                    f"{', '.join(flags)} only apply with --ray (local, auto or ray://host:port)"
-                )
+        if not isinstance(self.deploy, DeployConfig):
+            raise ConfigError(f"deploy must be a DeployConfig, got {type(self.deploy).__name__}")
         if (
             isinstance(self.max_staleness, bool)
             or not isinstance(self.max_staleness, int)
@@ -253,6 +244,14 @@ class TrainConfig:
             raise ConfigError(f"--curriculum must be none or difficulty, got {self.curriculum!r}")
         if self.resume is not None and self.out is not None and Path(self.out) != Path(self.resume):
             raise ConfigError("--resume continues a run in place; do not also pass a different --out")
+
+    if not TYPE_CHECKING:  # at run time only, so that mypy still flags any other unknown attribute
+
+        def __getattr__(self, name: str) -> Any:
+            """``cfg.ray`` (code written before the deployment settings moved) says where they are now."""
+            if name in _DEPLOY:
+                raise AttributeError(f"TrainConfig.{name} moved: read cfg.deploy.{name} (CHANGELOG.md)")
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -430,9 +429,8 @@ def env_factory(cfg: TrainConfig, pool: Any) -> Callable[[], agentrl.Env]:
 
 
 # ---------------------------------------------------------------------------------------------------
-_WHERE_IT_RUNS = ("ray", "rollout_workers", "inference_servers", "learners", "weights_dir")
 _OUTPUT = ("steps", "resume", "out", "progress", "loggers", "older_checkpoints", "eval")
-RESUMABLE = frozenset((*_OUTPUT, *_WHERE_IT_RUNS))
+RESUMABLE = frozenset((*_OUTPUT, "deploy"))
 """Settings a resumed run may change (where it runs is not part of the experiment)."""
 
 

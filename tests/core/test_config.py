@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 import pytest
 
 from agentrl.config import (
+    FLAT_FLAGS,
     add_config_arguments,
     config_from_args,
     config_from_dict,
@@ -221,3 +222,51 @@ def test_errors_of_nested_configs_name_where():
 
     with pytest.raises(ConfigError, match=r"^strict: n must be >= 1, got 0$"):
         config_from_dict(Holder, {"strict": {"n": 0}})
+
+
+@dataclasses.dataclass(frozen=True)
+class Where:
+    address: str | None = None
+    """Cluster address."""
+    workers: int = 1
+    """Worker count."""
+    verbose: bool = False
+    """Say more."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    steps: int = 2
+    """Steps."""
+    where: Where = dataclasses.field(default_factory=Where, metadata=FLAT_FLAGS)
+    """Where it runs (its settings keep their flat flags)."""
+    learner: Inner = dataclasses.field(default_factory=Inner)
+    """Learner settings."""
+
+
+def test_a_flat_nested_config_keeps_its_flags_and_reads_its_old_flat_dict():
+    """A config split out of its enclosing one (``metadata=FLAT_FLAGS``): the flags are the ones its fields
+    had before the split, the dict form is nested, and the flat form of before the split still reads."""
+    p = argparse.ArgumentParser(exit_on_error=False)
+    add_config_arguments(p, Split)
+    flags = {o for a in p._actions for o in a.option_strings}
+    assert {"--address", "--workers", "--verbose", "--no-verbose", "--learner.lr"} <= flags
+    assert not any(f.startswith("--where") for f in flags)
+    cfg = config_from_args(Split, p.parse_args(["--address", "a:1", "--workers", "3", "--verbose", "true"]))
+    assert cfg == Split(where=Where(address="a:1", workers=3, verbose=True))
+    assert config_from_args(Split, p.parse_args(["--no-verbose"]), base=cfg).where.verbose is False
+    with pytest.raises(ConfigError, match=r"^--workers: cannot read 'x' as int"):
+        config_from_args(Split, p.parse_args(["--workers", "x"]))
+    assert config_to_dict(cfg) == {
+        "steps": 2,
+        "where": {"address": "a:1", "workers": 3, "verbose": True},
+        "learner": {"lr": 1e-5, "loss": "token-mean"},
+    }
+    assert config_from_dict(Split, config_to_dict(cfg)) == cfg
+    # The form of before the split: the settings at the top level, lifted into the nested config.
+    assert config_from_dict(Split, {"steps": 2, "address": "a:1", "workers": 3, "verbose": True}) == cfg
+    assert config_from_dict(Split, {"address": "a:1", "where": {"workers": 3, "verbose": True}}) == cfg
+    with pytest.raises(ConfigError, match=r"\['workers'\] given both at the top level .* and in 'where'"):
+        config_from_dict(Split, {"workers": 3, "where": {"workers": 2}})
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['lr'\]"):  # only a flat config lifts
+        config_from_dict(Split, {"lr": 0.1})

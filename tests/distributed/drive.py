@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
         ),
         learner=LearnerConfig(lr=1e-3),
         progress=False,
-        ray=address,
+        deploy=train_setup.DeployConfig(ray=address),
         max_staleness=staleness,
         keep_checkpoints=10,
     )

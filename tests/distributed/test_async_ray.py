@@ -234,6 +234,6 @@ def test_a_driver_killed_mid_async_run_resumes_within_the_bound(cluster, tmp_pat
 def test_async_ray_cli_config_is_accepted(tmp_path):
     # The refusal of --max-staleness with --ray is gone; bad combinations still fail early.
     cfg = async_config(tmp_path, "cli", max_staleness=1, ray="local")
-    assert cfg.max_staleness == 1 and cfg.ray == "local"
+    assert cfg.max_staleness == 1 and cfg.deploy.ray == "local"
     with pytest.raises(Exception, match="on-stale drop needs"):
         dataclasses.replace(cfg, max_staleness=0, on_stale="drop")

@@ -16,7 +16,7 @@ from agentrl.rollout import RolloutConfig
 from agentrl.trainers import pg
 from agentrl.trainers.distributed import RayOptions, ray_runtime
 from agentrl.trainers.evaluate import EvalConfig
-from agentrl.trainers.train_setup import TrainConfig
+from agentrl.trainers.train_setup import DeployConfig, TrainConfig
 
 from .scripted import ScriptedTIRFactory
 
@@ -34,10 +34,9 @@ async def test_an_agent_trains_on_ray_through_a_gateway_per_worker(cluster, tmp_
         steps=2,
         group_size=2,
         groups_per_step=2,
-        rollout_workers=2,
         out=str(tmp_path / "run"),
         progress=False,
-        ray="auto",
+        deploy=DeployConfig(ray="auto", rollout_workers=2),
     )
     cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_new_tokens=24))
     run = await pg.train(cfg)
@@ -65,7 +64,7 @@ async def test_the_held_out_evaluation_runs_on_an_inference_server(cluster, tmp_
         ),
         eval=EvalConfig(tasks=4, samples=1),
         progress=False,
-        ray="auto",
+        deploy=DeployConfig(ray="auto"),
     )
     opts = RayOptions(policy_factory=ScriptedTIRFactory())
     run = await pg.train(cfg, runtime=lambda c, r: ray_runtime(c, r, opts))

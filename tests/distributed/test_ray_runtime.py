@@ -38,7 +38,11 @@ pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
 
 
-def config(tmp_path, **kw):
+def config(tmp_path, *, ray="auto", **kw):
+    """The tests' run; ``rollout_workers``, ``inference_servers``, ``learners``, ``weights_dir`` go to its
+    ``deploy``."""
+    moved = ("rollout_workers", "inference_servers", "learners", "weights_dir")
+    deploy = {k: kw.pop(k) for k in moved if k in kw}
     base = dict(
         model="tiny",
         env="math-tir-arith-v0",
@@ -51,7 +55,7 @@ def config(tmp_path, **kw):
         ),
         learner=LearnerConfig(lr=1e-3),
         progress=False,
-        ray="auto",
+        deploy=train_setup.DeployConfig(ray=ray, **deploy),
     )
     base.update(kw)
     return train_setup.TrainConfig(**base)
@@ -189,9 +193,12 @@ async def test_a_rollout_worker_killed_mid_step(cluster, tmp_path):
 
 
 async def test_an_inference_server_killed_restarts_with_the_current_weights(cluster, tmp_path):
-    cfg, run = new_run(config(tmp_path, inference_servers=2, groups_per_step=4))
+    # --weights-dir: the weights travel as files in a shared folder, the restarted server reads the newest.
+    shared = tmp_path / "weights"
+    cfg, run = new_run(config(tmp_path, inference_servers=2, groups_per_step=4, weights_dir=str(shared)))
     opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=0.3), lease_s=120)
     async with ray_runtime(cfg, run, opts) as rt:
+        assert rt.transport.name == "shared_disk"
         await rt.publish(1)  # the servers now hold version 1; a restarted one starts at 0 and must catch up
         rollout = Rollout(rt, cfg, step=1)
         await wait_until(lambda: len(rollout.events) >= 1)
@@ -210,6 +217,7 @@ async def test_an_inference_server_killed_restarts_with_the_current_weights(clus
         assert [s.starts for s in states] == [2, 1]
         assert all(s.version == 1 and s.checksum == rt.learner_checksum for s in states)
         await finish_step(rt, groups, 2)
+    assert sorted(p.name for p in shared.glob("*.safetensors"))[-1] == "weights-v000002.safetensors"
 
 
 async def test_the_node_of_a_worker_removed_mid_step(cluster, tmp_path):

@@ -7,7 +7,7 @@ import pytest
 from agentrl.errors import ConfigError
 from agentrl.trainers.cli import main as cli_main
 from agentrl.trainers.pg import TrainConfig, open_runtime
-from agentrl.trainers.train_setup import prepare_run
+from agentrl.trainers.train_setup import DeployConfig, prepare_run
 
 
 def test_ray_settings_need_ray(capsys):
@@ -21,15 +21,18 @@ def test_ray_settings_need_ray(capsys):
 
 def test_a_resume_may_move_to_ray_but_not_change_the_experiment(tmp_path):
     _, run = prepare_run(TrainConfig(model="tiny", out=str(tmp_path / "r")))
-    moved, _ = prepare_run(TrainConfig(model="tiny", resume=str(run.path), ray="auto", rollout_workers=4))
-    assert moved.ray == "auto" and moved.rollout_workers == 4
+    on_ray = DeployConfig(ray="auto", rollout_workers=4)
+    moved, _ = prepare_run(TrainConfig(model="tiny", resume=str(run.path), deploy=on_ray))
+    assert moved.deploy == on_ray
     with pytest.raises(ConfigError, match=r"cannot change \['group_size'\]"):
-        prepare_run(TrainConfig(model="tiny", resume=str(run.path), ray="auto", group_size=8))
+        prepare_run(TrainConfig(model="tiny", resume=str(run.path), deploy=on_ray, group_size=8))
 
 
 async def test_without_ray_installed_the_error_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray now fails as if it were not installed
-    cfg, run = prepare_run(TrainConfig(model="tiny", out=str(tmp_path / "r"), ray="local"))
+    cfg, run = prepare_run(
+        TrainConfig(model="tiny", out=str(tmp_path / "r"), deploy=DeployConfig(ray="local"))
+    )
     with pytest.raises(ConfigError, match=r"pip install 'agentrl\[ray\]' \(or run without --ray\)"):
         async with open_runtime(cfg, run):
             pass

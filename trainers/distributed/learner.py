@@ -13,11 +13,14 @@ from __future__ import annotations
 import socket
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from agentrl.groups import TrajectoryGroup
 from agentrl.run import RunDir
 from agentrl.trainers.distributed.weights import WeightRef, WeightTransport
+
+if TYPE_CHECKING:
+    from agentrl.trainers.train_setup import TrainConfig
 
 __all__ = ["LearnerActor", "free_port", "shard_groups"]
 
@@ -40,7 +43,7 @@ def shard_groups(groups: Sequence[TrajectoryGroup], ranks: int) -> list[list[Tra
 class LearnerActor:
     """One rank of the learner group."""
 
-    def __init__(self, rank: int, world: int, cfg: Any):
+    def __init__(self, rank: int, world: int, cfg: TrainConfig):
         self.rank, self.world, self.cfg = rank, world, cfg
         self.model: Any = None
         self.precision: Any = None
@@ -65,17 +68,17 @@ class LearnerActor:
         from agentrl.chat import ChatRenderer
         from agentrl.learner import Learner, wrap_fsdp
         from agentrl.models import resolve_model
-        from agentrl.trainers import train_setup as pg
+        from agentrl.trainers import train_setup
 
         torch.manual_seed(self.cfg.seed)
-        loaded = resolve_model(pg.model_spec(self.cfg))
-        self.precision = pg.precision(self.cfg, loaded.device)
+        loaded = resolve_model(train_setup.model_spec(self.cfg))
+        self.precision = train_setup.precision(self.cfg, loaded.device)
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         if self.cfg.lora.enabled:  # adapters before FSDP shards the model: the optimizer holds only them
             from agentrl.lora import apply_lora
 
             self.adapted = apply_lora(self.model, self.cfg.lora, name=self.cfg.model, seed=self.cfg.seed)
-        self.pad_id = pg.tokenizer_pad_id(ChatRenderer(loaded.tokenizer))
+        self.pad_id = train_setup.tokenizer_pad_id(ChatRenderer(loaded.tokenizer))
         if self.world > 1:
             import torch.distributed as dist
 
@@ -85,7 +88,9 @@ class LearnerActor:
             dist.init_process_group(backend, rank=self.rank, world_size=self.world)
             # FSDP2's mixed-precision policy: bf16 compute over fp32 master shards, fp32 gradient reduction.
             self.model = wrap_fsdp(self.model, bf16=self.precision.autocast)
-        self.learner = Learner(self.model, pg.learner_config(self.cfg, self.precision, fsdp=self.world > 1))
+        self.learner = Learner(
+            self.model, train_setup.learner_config(self.cfg, self.precision, fsdp=self.world > 1)
+        )
 
     def load_checkpoint(self, run_path: str) -> int:
         """Load the run's newest checkpoint (weights and optimizer); return its step (0 when none)."""
@@ -242,17 +247,17 @@ class LearnerActor:
                 dist.destroy_process_group()
 
 
-def _plain_model(cfg: Any) -> Any:
+def _plain_model(cfg: TrainConfig) -> Any:
     from agentrl.models import resolve_model
-    from agentrl.trainers import train_setup as pg
+    from agentrl.trainers import train_setup
 
-    return resolve_model(pg.model_spec(cfg), tokenizer=False).model
+    return resolve_model(train_setup.model_spec(cfg), tokenizer=False).model
 
 
 class _Plain:
     """An unsharded copy of the model holding ``state`` (for ``save_pretrained``; with LoRA, the adapter)."""
 
-    def __init__(self, cfg: Any, state: dict[str, Any]):
+    def __init__(self, cfg: TrainConfig, state: dict[str, Any]):
         self.model = _plain_model(cfg)
         self.saver: Any = self.model
         if cfg.lora.enabled:

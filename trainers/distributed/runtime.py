@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentrl.dynamic_sampling import GroupVerdict, group_verdict
-from agentrl.errors import ConfigError, InfraError
+from agentrl.errors import ConfigError, InfraError, removed_arguments
 from agentrl.groups import TrajectoryGroup
 from agentrl.rollout import EpisodeDone
 from agentrl.run import RunDir
@@ -72,6 +72,13 @@ def require_ray() -> Any:
     return ray
 
 
+@removed_arguments(
+    dict.fromkeys(
+        ("weights", "weights_dir"),
+        "the weight transport is the run's --weights-dir: TrainConfig(deploy=DeployConfig(weights_dir=...)) "
+        "publishes through that shared folder, unset through the Ray object store",
+    )
+)
 @dataclass(frozen=True)
 class RayOptions:
     """Settings of the Ray runtime that are not part of the experiment (tests and benchmarks set them)."""
@@ -80,10 +87,6 @@ class RayOptions:
     """Builds each server's sampler (default: the HF/vLLM policy the single-process trainer would use)."""
     worker_setup: Callable[[], None] | None = None
     """Run in each rollout worker before anything else (e.g. register an environment)."""
-    weights: str = "object_store"
-    """Weight transport: ``object_store`` or ``shared_disk``."""
-    weights_dir: str | None = None
-    """Folder every node mounts, for ``shared_disk``."""
     lease_s: float = 600.0
     """Seconds a worker may hold a group before it is given to another."""
     max_attempts: int = 3
@@ -113,12 +116,13 @@ def connect(address: str, cfg: TrainConfig, opts: RayOptions) -> bool:
     ray = require_ray()
     if ray.is_initialized():
         return False
+    dep = cfg.deploy
     if address == "local":
         res = {
-            "rollout": cfg.rollout_workers + 1,  # + 1: room for a replacement worker
-            "sandbox": cfg.rollout_workers + 1,
-            "inference": cfg.inference_servers,
-            "learner": cfg.learners,
+            "rollout": dep.rollout_workers + 1,  # + 1: room for a replacement worker
+            "sandbox": dep.rollout_workers + 1,
+            "inference": dep.inference_servers,
+            "learner": dep.learners,
         }
         ray.init(num_cpus=opts.local_cpus, resources=res, include_dashboard=False, log_to_driver=False)
     elif address == "auto" or address.startswith("ray://") or re.fullmatch(r"[\w.\-]+:\d+", address):
@@ -130,7 +134,8 @@ def connect(address: str, cfg: TrainConfig, opts: RayOptions) -> bool:
 
 def _check_resources(ray: Any, cfg: TrainConfig) -> None:
     have = ray.cluster_resources()
-    need = {"rollout": 1, "sandbox": 1, "inference": cfg.inference_servers, "learner": cfg.learners}
+    dep = cfg.deploy
+    need = {"rollout": 1, "sandbox": 1, "inference": dep.inference_servers, "learner": dep.learners}
     short = {k: (have.get(k, 0), v) for k, v in need.items() if have.get(k, 0) < v}
     if short:
         lines = ", ".join(f"{k}: has {h:g}, needs {n}" for k, (h, n) in short.items())
@@ -148,7 +153,8 @@ class RayRuntime:
         self.ledger = GroupLedger(
             run.path / LEDGER_FILE, lease_s=opts.lease_s, max_attempts=opts.max_attempts
         )
-        self.transport = make_transport(opts.weights, opts.weights_dir)
+        folder = cfg.deploy.weights_dir
+        self.transport = make_transport("object_store" if folder is None else "shared_disk", folder)
         self.broker: Any = None
         self.learners: list[Any] = []
         self.placement: Any = None
@@ -176,7 +182,7 @@ class RayRuntime:
     # --- construction -----------------------------------------------------------------------------
     async def start(self) -> None:
         """Start the broker, learner group, servers, balancer and workers; publish the starting weights."""
-        ray, cfg = self.ray, self.cfg
+        ray, cfg, dep = self.ray, self.cfg, self.cfg.deploy
         _check_resources(ray, cfg)
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import (
@@ -189,7 +195,7 @@ class RayRuntime:
         self.broker = ray.remote(WeightBroker).options(num_cpus=0, scheduling_strategy=here).remote()
         gpus = self.opts.gpus(cfg)
         bundle = {"learner": 1.0, **({"GPU": gpus} if gpus else {})}
-        self.placement = placement_group([bundle] * cfg.learners, strategy="PACK")
+        self.placement = placement_group([bundle] * dep.learners, strategy="PACK")
         await self.placement.ready()
         actor = ray.remote(self.opts.learner_actor)
         self.learners = [
@@ -200,10 +206,10 @@ class RayRuntime:
                 ),
                 resources={"learner": 1},
                 num_gpus=gpus,
-            ).remote(r, cfg.learners, cfg)
-            for r in range(cfg.learners)
+            ).remote(r, dep.learners, cfg)
+            for r in range(dep.learners)
         ]
-        master = await self.learners[0].address.remote() if cfg.learners > 1 else None
+        master = await self.learners[0].address.remote() if dep.learners > 1 else None
         await asyncio.gather(*(lrn.setup.remote(master) for lrn in self.learners))
         steps = await asyncio.gather(
             *(lrn.load_checkpoint.remote(str(self.run.path)) for lrn in self.learners)
@@ -211,7 +217,7 @@ class RayRuntime:
         self._start = self._version = int(steps[0])
         self.ledger.rewind(self._start)
         if self._start:
-            print(f"resumed {self.run.path} at step {self._start} (Ray learner group of {cfg.learners})")
+            print(f"resumed {self.run.path} at step {self._start} (Ray learner group of {dep.learners})")
         server = ray.remote(InferenceServer)
         self.servers = [
             server.options(
@@ -221,14 +227,14 @@ class RayRuntime:
                 max_restarts=self.opts.server_restarts,
                 max_task_retries=0,
             ).remote(f"server-{k}", self.opts.policy_factory, cfg, self.broker, self.transport)
-            for k in range(cfg.inference_servers)
+            for k in range(dep.inference_servers)
         ]
         self.balancer = (
             ray.remote(LoadBalancer)
             .options(num_cpus=0, scheduling_strategy=here)
-            .remote(cfg.inference_servers)
+            .remote(dep.inference_servers)
         )
-        for _ in range(cfg.rollout_workers):
+        for _ in range(dep.rollout_workers):
             self._spawn_worker()
         await asyncio.gather(*(w.where.remote() for w in self.workers.values()))  # all alive before leasing
         self._busy = dict.fromkeys(self.workers, 0)
@@ -507,12 +513,12 @@ class RayRuntime:
 async def ray_runtime(
     cfg: TrainConfig, run: RunDir, options: RayOptions | None = None
 ) -> AsyncIterator[RayRuntime]:
-    """Connect to Ray (``cfg.ray``), start the actors, yield the runtime; stop them on exit."""
+    """Connect to Ray (``cfg.deploy.ray``), start the actors, yield the runtime; stop them on exit."""
     opts = options or RayOptions()
     ray = require_ray()
-    if cfg.ray is None:
+    if cfg.deploy.ray is None:
         raise ConfigError("the Ray runtime needs --ray (local, auto, ray://host:port or a head's host:port)")
-    started = connect(cfg.ray, cfg, opts)
+    started = connect(cfg.deploy.ray, cfg, opts)
     rt = RayRuntime(ray, cfg, run, opts)
     try:
         await rt.start()

@@ -12,7 +12,7 @@ Transports:
 
 * ``object_store`` (default): ``ray.put`` of the CPU tensors; works across nodes with no shared disk.
 * ``shared_disk``: one safetensors file per version under a folder every node mounts
-  (``--ray-weights-dir``); the newest two versions are kept.
+  (``--weights-dir``); the newest two versions are kept.
 * NCCL broadcast / vLLM's in-engine update for GPU clusters is not implemented here: on one GPU the vLLM
   policy (``agentrl.policies.VLLMPolicy``) takes the tensors through the same ``load_weights`` call (see
   docs/distributed.md).
@@ -141,7 +141,7 @@ class SharedDiskTransport:
 
 
 TRANSPORTS = ("object_store", "shared_disk")
-"""The transports ``--ray-weights`` accepts."""
+"""The transports: ``shared_disk`` when the run sets ``--weights-dir``, else ``object_store``."""
 
 
 def make_transport(name: str, folder: str | None = None) -> WeightTransport:
