@@ -120,6 +120,9 @@ class LocalRuntime:
         warning = stab.warning(step)
         if warning is not None:
             print(warning, file=sys.stderr)
+        # The update's freed autograd and optimizer temporaries stay resident in glibc's heaps; the next
+        # rollout rebuilds the packed weights and KV on top of them (the default run's peak phase).
+        trim_heap()
         return {**update.metrics, **stab.metrics}
 
     async def held_out(self, label: str) -> EvalReport | None:
