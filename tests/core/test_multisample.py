@@ -254,6 +254,7 @@ def test_token_limit_warning_counts_episodes_by_their_last_sample() -> None:
         return [dataclasses.replace(t, stop_reason=s) for t, s in zip(samples, ends, strict=True)]
 
     cfg = RolloutConfig(max_total_tokens=256)
-    assert token_limit_warning([*ep("a", StopReason.MAX_TOKENS), *ep("b", StopReason.TERMINATED)], cfg) is None
+    one_cut = [*ep("a", StopReason.MAX_TOKENS), *ep("b", StopReason.TERMINATED)]
+    assert token_limit_warning(one_cut, cfg) is None
     warning = token_limit_warning([*ep("a", StopReason.MAX_TOKENS), *ep("b", StopReason.MAX_TOKENS)], cfg)
     assert warning is not None and "2 of 2 episodes" in warning
