@@ -128,7 +128,9 @@ async def run_group(s: Session, seed: int, meta: TrajectoryMeta, progress: Progr
     events = s.runtime.run_groups(seeds=(seed,), group_size=s.cfg.group_size, meta=meta)
     async for done in events:
         await s.store.append(done.trajectory)  # a plain write: no suspension point
-        progress.update(reward=f"{done.trajectory.reward:.2f}")
+        meta = done.trajectory.meta
+        if meta.sample_index == meta.num_samples - 1:  # the bar counts episodes, not samples
+            progress.update(reward=f"{done.trajectory.reward:.2f}")
         if done.group is not None:
             # Return at once: no await between the group's last line on disk and the caller's
             # bookkeeping, so a group cancelled as a straggler is never complete on disk.
@@ -210,7 +212,7 @@ async def run_steps(s: Session, after_step: Callable[[int], Awaitable[None]]) ->
         seed = sampler.task(lease.step, lease.slot)
         old = reuse.pop((lease.step, task_id(cfg.env, seed)), None)
         if old is not None:
-            reused_of[lease.step] = reused_of.get(lease.step, 0) + len(old)
+            reused_of[lease.step] = reused_of.get(lease.step, 0) + old.num_episodes
             finished(lease, old)
         else:
             tasks[lease.index] = asyncio.ensure_future(run_one(lease, seed))

@@ -30,8 +30,10 @@ TOKEN_LIMIT_STOPS = frozenset({StopReason.TURN_TOKENS, StopReason.MAX_TOKENS})
 
 def token_limit_warning(trajs: Sequence[Trajectory], rollout: RolloutConfig) -> str | None:
     """A warning when more than half of the episodes ended by a token limit: the limits look sized for
-    shorter answers than this env needs (code, long reasoning). ``None`` otherwise."""
-    ok = [t for t in trajs if not t.infra_failure]
+    shorter answers than this env needs (code, long reasoning). ``None`` otherwise. A multi-sample episode
+    counts once, by how its last sample ended."""
+    # Per episode: a compacted sample ends by design, not at a limit; the episode's end is its last sample's.
+    ok = [t for t in (_merge(e) for e in _episodes(trajs)) if not t.infra_failure]
     turn = sum(t.stop_reason is StopReason.TURN_TOKENS for t in ok)
     total = sum(t.stop_reason is StopReason.MAX_TOKENS for t in ok)
     if not ok or 2 * (turn + total) <= len(ok):
@@ -67,7 +69,9 @@ def stalled_update_warning(row: dict[str, float]) -> str | None:
 def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """Rollout metrics of one step (infra failures are counted, not averaged in). Per episode: the samples
     of a multi-sample episode (compaction, sub-agents) count as one episode, with their rewards, tokens,
-    turns and tool calls summed (docs/otb-multisample.md)."""
+    turns and tool calls summed (docs/otb-multisample.md); ``episodes/samples_per_episode`` says how many
+    samples an episode had on average."""
+    samples = len(trajs)
     trajs = [_merge(e) for e in _episodes(trajs)]
     ok = [t for t in trajs if not t.infra_failure]
     n = max(len(ok), 1)
@@ -89,6 +93,9 @@ def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "tokens/observation_per_episode": mean(obs_tokens),
         "turns/per_episode": mean([t.num_turns for t in ok]),
         "episodes/total": float(len(trajs)),
+        # Trajectories (samples) per episode, failed episodes included: 1.0 unless the env compacts its
+        # context or runs sub-agents (docs/long-horizon.md).
+        "episodes/samples_per_episode": samples / len(trajs) if trajs else float("nan"),
         "episodes/infra_failures": float(len(trajs) - len(ok)),
         "episodes/truncated": float(sum(t.truncated for t in ok)),
         "episodes/token_limit_frac": mean([float(t.stop_reason in TOKEN_LIMIT_STOPS) for t in ok]),

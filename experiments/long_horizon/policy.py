@@ -113,6 +113,7 @@ def warm_start(
     episodes: int = 96,
     batch: int = 32,
     lr: float = 3e-3,
+    micro: int = 8,
 ) -> Path:
     """Train a fresh tiny policy on demonstrations for ``steps`` SFT steps; save it (and its tokenizer)
     as a Hugging Face folder at ``out``. An existing folder is reused."""
@@ -126,24 +127,33 @@ def warm_start(
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(seed)
     model.train()
-    for _ in range(steps):
+    for step in range(steps):
         rows = [demos[int(i)] for i in torch.randint(len(demos), (batch,), generator=g)]
-        T = max(len(r.token_ids) for r in rows)
-        ids = torch.zeros((batch, T), dtype=torch.long)
-        mask = torch.zeros((batch, T))
-        for b, r in enumerate(rows):
-            ids[b, : len(r.token_ids)] = torch.tensor(r.token_ids)
-            mask[b, : len(r.loss_mask)] = torch.tensor(r.loss_mask, dtype=torch.float32)
-        logits = model(input_ids=ids).logits[:, :-1].float()
-        nll = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
-        )
-        m = mask[:, 1:].reshape(-1)
-        loss = (nll * m).sum() / m.sum()
+        # The same token-mean loss over the batch, computed in micro-batches of similar length: the rows
+        # range from about 50 to 400 tokens, and padding all to the longest costs several times the compute.
+        rows.sort(key=lambda r: len(r.token_ids))
+        n_loss = sum(sum(r.loss_mask[1:]) for r in rows)
         opt.zero_grad()
-        loss.backward()
+        n_sum = 0.0
+        for lo in range(0, batch, micro):
+            part = rows[lo : lo + micro]
+            T = max(len(r.token_ids) for r in part)
+            ids = torch.zeros((len(part), T), dtype=torch.long)
+            mask = torch.zeros((len(part), T))
+            for b, r in enumerate(part):
+                ids[b, : len(r.token_ids)] = torch.tensor(r.token_ids)
+                mask[b, : len(r.loss_mask)] = torch.tensor(r.loss_mask, dtype=torch.float32)
+            logits = model(input_ids=ids).logits[:, :-1].float()
+            nll = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
+            )
+            part_sum = (nll * mask[:, 1:].reshape(-1)).sum()
+            (part_sum / n_loss).backward()
+            n_sum += float(part_sum.detach())
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if (step + 1) % 50 == 0:
+            print(f"  warm start: step {step + 1}/{steps}, loss {n_sum / n_loss:.3f}", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tok.save_pretrained(out)

@@ -226,3 +226,35 @@ def test_step_metrics_are_per_episode() -> None:
     assert (m["episodes/total"], m["episodes/infra_failures"], m["reward/mean"]) == (3.0, 1.0, 0.5)
     # Single-sample steps: exactly as before (one trajectory, one episode).
     assert episode_metrics(single)["episodes/total"] == 2.0
+    assert episode_metrics(single)["episodes/samples_per_episode"] == 1.0
+
+
+def test_samples_per_episode_counts_every_episode() -> None:
+    """4 samples over 2 episodes (3 + 1), and a failed episode's samples still count as samples."""
+    from agentrl.trainers.step_metrics import episode_metrics
+
+    three = episode("g", "a", [0.0, 0.0, 1.0])
+    m = episode_metrics([*three, sample("g", "b")])
+    assert (m["episodes/total"], m["episodes/samples_per_episode"]) == (2.0, 2.0)
+    failed = episode("g", "c", [0.0, 0.0], infra=True)
+    m = episode_metrics([*three, *failed, sample("g", "b")])
+    assert (m["episodes/total"], m["episodes/infra_failures"]) == (3.0, 1.0)
+    assert m["episodes/samples_per_episode"] == 6 / 3
+
+
+def test_token_limit_warning_counts_episodes_by_their_last_sample() -> None:
+    """Compacted samples end by design: two episodes of three samples, one cut at max_total_tokens at the
+    end, are one cut episode of two (no warning), though one sample in six is cut; two cut of two warn."""
+    from agentrl.episode import RolloutConfig
+    from agentrl.trainers.step_metrics import token_limit_warning
+
+    def ep(name: str, last: StopReason) -> list[Trajectory]:
+        samples = episode("g", name, [0.0, 0.0, 0.0])
+        ends = [StopReason.COMPACTED, StopReason.COMPACTED, last]
+        return [dataclasses.replace(t, stop_reason=s) for t, s in zip(samples, ends, strict=True)]
+
+    cfg = RolloutConfig(max_total_tokens=256)
+    one_cut = [*ep("a", StopReason.MAX_TOKENS), *ep("b", StopReason.TERMINATED)]
+    assert token_limit_warning(one_cut, cfg) is None
+    warning = token_limit_warning([*ep("a", StopReason.MAX_TOKENS), *ep("b", StopReason.MAX_TOKENS)], cfg)
+    assert warning is not None and "2 of 2 episodes" in warning
