@@ -38,7 +38,7 @@ async def test_env_compaction_episodes_train_a_step_on_ray_as_linked_samples(clu
         rollout=RolloutConfig(max_turns=12, max_new_tokens=32, max_total_tokens=160, concurrency=4, seed=3),
         learner=LearnerConfig(lr=1e-3),
         progress=False,
-        ray="auto",
+        deploy=train_setup.DeployConfig(ray="auto"),
     )
     opts = RayOptions(policy_factory=ScriptedChainFactory())
     await pg.train(cfg, runtime=lambda c, r: ray_runtime(c, r, opts))

@@ -77,9 +77,14 @@ def sandbox_processes() -> list[tuple[int, bytes]]:
 
 def cgroup_leftovers() -> list[str]:
     """Per-sandbox cgroup directories of this process that still exist."""
+    # os.walk, not Path.glob: other processes' sandboxes (another test run, a training run) create and
+    # remove their cgroups while we walk, and glob raises on a directory that vanished under it.
+    mine = f"agentrl-{os.getpid()}"
     left = []
-    for base in Path("/sys/fs/cgroup").glob(f"**/agentrl-{os.getpid()}"):
-        left += [str(p) for p in base.iterdir() if p.is_dir() and p.name.startswith("sb-")]
+    for parent, dirs, _ in os.walk("/sys/fs/cgroup"):
+        if os.path.basename(parent) == mine:
+            left += [os.path.join(parent, d) for d in dirs if d.startswith("sb-")]
+            dirs.clear()
     return left
 
 
