@@ -293,6 +293,11 @@ class TrajectoryMeta:
                 f"sample_index {self.sample_index} is outside 0..num_samples-1 ({self.num_samples})"
             )
 
+    @property
+    def is_last_sample(self) -> bool:
+        """Whether this is the episode's last sample (the only one for a one-context episode)."""
+        return self.sample_index == self.num_samples - 1
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON object stored in ``trajectories.jsonl``."""
         return (

@@ -225,7 +225,7 @@ async def evaluate_policy(
         meta=TrajectoryMeta(env_id=env),
     ):
         t = done.trajectory
-        if not t.infra_failure and t.meta.sample_index == t.meta.num_samples - 1:  # an episode's last sample
+        if not t.infra_failure and t.meta.is_last_sample:
             counted += 1
             limited += t.stop_reason in (StopReason.TURN_TOKENS, StopReason.MAX_TOKENS)
         if done.group is None:

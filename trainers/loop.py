@@ -128,8 +128,7 @@ async def run_group(s: Session, seed: int, meta: TrajectoryMeta, progress: Progr
     events = s.runtime.run_groups(seeds=(seed,), group_size=s.cfg.group_size, meta=meta)
     async for done in events:
         await s.store.append(done.trajectory)  # a plain write: no suspension point
-        meta = done.trajectory.meta
-        if meta.sample_index == meta.num_samples - 1:  # the bar counts episodes, not samples
+        if done.trajectory.meta.is_last_sample:  # the bar counts episodes, not samples
             progress.update(reward=f"{done.trajectory.reward:.2f}")
         if done.group is not None:
             # Return at once: no await between the group's last line on disk and the caller's
