@@ -99,9 +99,16 @@ async def _streamed(client: openai.AsyncOpenAI, messages: list[dict[str, Any]]) 
     return msg
 
 
+OPEN_CLIENTS: list[openai.AsyncOpenAI] = []
+"""Clients made by :func:`client_for`; the ``close_clients`` fixture (conftest.py) closes them after each
+test, so their pooled sockets are not left to the garbage collector (a ResourceWarning in a later test)."""
+
+
 def client_for(base_url: str) -> openai.AsyncOpenAI:
     """The real openai client, without retries (a test wants to see each error)."""
-    return openai.AsyncOpenAI(base_url=base_url, api_key="any-key", max_retries=0)
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="any-key", max_retries=0)
+    OPEN_CLIENTS.append(client)
+    return client
 
 
 async def ask(

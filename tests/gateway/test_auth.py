@@ -114,8 +114,8 @@ def test_the_key_from_the_environment(tmp_path):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         url = wait_for_url(proc)
-        client = openai.OpenAI(base_url=f"{url}/s/x/v1", api_key="env-key", max_retries=0)
-        assert client.models.list().data[0].id == "agentrl-policy"
+        with openai.OpenAI(base_url=f"{url}/s/x/v1", api_key="env-key", max_retries=0) as client:
+            assert client.models.list().data[0].id == "agentrl-policy"
         r = httpx.get(f"{url}/s/x/v1/models", headers={"Authorization": "Bearer other"})
         assert r.status_code == 401
         proc.send_signal(signal.SIGTERM)

@@ -50,16 +50,15 @@ def test_gateway_command_records_sessions_and_stops_cleanly(tmp_path):
     )
     try:
         url = wait_for_url(proc)
-        client = openai.OpenAI(base_url=f"{url}/s/first/v1", api_key="sk-anything", max_retries=0)
-        assert client.models.list().data[0].id == "agentrl-policy"
-        reply = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hi!"}])
+        with openai.OpenAI(base_url=f"{url}/s/first/v1", api_key="sk-anything", max_retries=0) as client:
+            assert client.models.list().data[0].id == "agentrl-policy"
+            reply = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hi!"}])
         assert reply.usage is not None and reply.usage.completion_tokens <= 8
         assert reply.choices[0].finish_reason in ("stop", "length")
         r = httpx.post(f"{url}/s/first/finish", json={"reward": 0.25, "info": {"task_id": "greet"}})
         assert r.status_code == 200 and r.json()["trajectories"][0]["trainable"]
-        openai.OpenAI(base_url=f"{url}/s/open/v1", api_key="k", max_retries=0).chat.completions.create(
-            model="x", messages=[{"role": "user", "content": "Still there?"}]
-        )
+        with openai.OpenAI(base_url=f"{url}/s/open/v1", api_key="k", max_retries=0) as c:
+            c.chat.completions.create(model="x", messages=[{"role": "user", "content": "Still there?"}])
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
