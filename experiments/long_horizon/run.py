@@ -46,33 +46,38 @@ FULL = 1024
 """The full-history reference's budget (holds every turn)."""
 WARM_STEPS = 600
 WARM_EPISODES = 96
+WARM_LR = 3e-3
 """The first round's warm start: 600 SFT steps on 96 demonstrations per mode. Its policy depended on the
 seed (seed 0 solved 6-20 % of the chains, seeds 1 and 2 at most 6 %); later rounds train longer
 (``--warm-steps``) on more demonstrations (``--warm-episodes``)."""
 MODES = ("env-compaction", "policy-compaction", "truncate")
 
 
-def _tag(warm_steps: int, warm_episodes: int) -> str:
+def _tag(warm_steps: int, warm_episodes: int, warm_lr: float = WARM_LR) -> str:
     """File-name tag of a warm start (empty for the first round's, whose names predate the flags)."""
-    if (warm_steps, warm_episodes) == (WARM_STEPS, WARM_EPISODES):
+    if (warm_steps, warm_episodes, warm_lr) == (WARM_STEPS, WARM_EPISODES, WARM_LR):
         return ""
-    return f"-w{warm_steps}" + ("" if warm_episodes == WARM_EPISODES else f"-e{warm_episodes}")
+    episodes = "" if warm_episodes == WARM_EPISODES else f"-e{warm_episodes}"
+    return f"-w{warm_steps}{episodes}" + ("" if warm_lr == WARM_LR else f"-lr{warm_lr:g}")
 
 
-def results_path(kind: str, warm_steps: int, warm_episodes: int) -> Path:
+def results_path(kind: str, warm_steps: int, warm_episodes: int, warm_lr: float = WARM_LR) -> Path:
     """``results/success.json`` or ``results/rl.json``, one pair per warm start."""
-    return RESULTS / f"{kind}{_tag(warm_steps, warm_episodes)}.json"
+    return RESULTS / f"{kind}{_tag(warm_steps, warm_episodes, warm_lr)}.json"
 
 
-def warm(seed: int, warm_steps: int = WARM_STEPS, warm_episodes: int = WARM_EPISODES) -> Path:
+def warm(
+    seed: int, warm_steps: int = WARM_STEPS, warm_episodes: int = WARM_EPISODES, warm_lr: float = WARM_LR
+) -> Path:
     from policy import warm_start
 
     t0 = time.perf_counter()
     out = warm_start(
-        WORK / f"warm-k{K}{_tag(warm_steps, warm_episodes)}-{seed}",
+        WORK / f"warm-k{K}{_tag(warm_steps, warm_episodes, warm_lr)}-{seed}",
         seed=seed,
         steps=warm_steps,
         episodes=warm_episodes,
+        lr=warm_lr,
         modes=MODES,
         k=K,
         compact_every=EVERY,
@@ -113,12 +118,12 @@ async def _success(folder: Path, mode: str, budget: int, tasks: int, seed: int) 
     return [by_task[k] for k in sorted(by_task)]
 
 
-def success(seeds: list[int], tasks: int, warm_steps: int, warm_episodes: int) -> None:
+def success(seeds: list[int], tasks: int, warm_steps: int, warm_episodes: int, warm_lr: float) -> None:
     RESULTS.mkdir(exist_ok=True)
-    path = results_path("success", warm_steps, warm_episodes)
+    path = results_path("success", warm_steps, warm_episodes, warm_lr)
     data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     for seed in seeds:
-        folder = warm(seed, warm_steps, warm_episodes)
+        folder = warm(seed, warm_steps, warm_episodes, warm_lr)
         for mode, budget in [*((m, CONTEXT) for m in MODES), ("truncate", FULL)]:
             key = f"{mode}@{budget}/seed{seed}"
             if key in data:
@@ -138,20 +143,21 @@ def rl(
     warm_seed: int | None,
     warm_steps: int,
     warm_episodes: int,
+    warm_lr: float,
 ) -> None:
     """``agentrl train`` per seed and estimator from the warm start of that seed (or of ``warm_seed``:
     then the seeds vary only the training run, its tasks and its sampling)."""
     RESULTS.mkdir(exist_ok=True)
-    path = results_path("rl", warm_steps, warm_episodes)
+    path = results_path("rl", warm_steps, warm_episodes, warm_lr)
     data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     kwargs = json.dumps({"context": "env-compaction", "k": K, "compact_every": EVERY})
     for seed in seeds:
-        folder = warm(seed if warm_seed is None else warm_seed, warm_steps, warm_episodes)
+        folder = warm(seed if warm_seed is None else warm_seed, warm_steps, warm_episodes, warm_lr)
         for credit in credits:
             key = f"{credit}/seed{seed}" + (f"-warm{warm_seed}" if warm_seed not in (None, seed) else "")
             if key in data:
                 continue
-            tag = _tag(warm_steps, warm_episodes)
+            tag = _tag(warm_steps, warm_episodes, warm_lr)
             run = WORK / f"rl-k{K}{tag}-{credit}-{key.split('/')[1]}-{steps}-lr{lr:g}"
             cmd = [
                 sys.executable, "-m", "agentrl.trainers", "train", "--model", str(folder),
@@ -173,6 +179,7 @@ def rl(
                 "warm_start_seed": seed if warm_seed is None else warm_seed,
                 "warm_start_steps": warm_steps,
                 "warm_start_episodes": warm_episodes,
+                "warm_start_lr": warm_lr,
                 "steps": steps,
                 "seconds": time.perf_counter() - t0,
                 "metrics": metrics,
@@ -188,9 +195,9 @@ def _boot(x: np.ndarray, n: int = 2000, seed: int = 0) -> tuple[float, float]:
     return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
 
-def report(warm_steps: int, warm_episodes: int) -> None:
-    print(f"warm start: {warm_steps} steps on {warm_episodes} demonstrations per mode")
-    path = results_path("success", warm_steps, warm_episodes)
+def report(warm_steps: int, warm_episodes: int, warm_lr: float) -> None:
+    print(f"warm start: {warm_steps} steps on {warm_episodes} demonstrations per mode, lr {warm_lr:g}")
+    path = results_path("success", warm_steps, warm_episodes, warm_lr)
     if path.exists():
         data = json.loads(path.read_text())
         print("| mode | context budget | seeds | tasks per seed | success | 95 % interval |")
@@ -216,7 +223,7 @@ def report(warm_steps: int, warm_episodes: int) -> None:
                     d = np.concatenate(diffs)
                     lo, hi = _boot(d)
                     print(f"\n{a} - {b}: {d.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] (paired by task)")
-    path = results_path("rl", warm_steps, warm_episodes)
+    path = results_path("rl", warm_steps, warm_episodes, warm_lr)
     if path.exists():
         data = json.loads(path.read_text())
         head = "| estimator | seed | warm start | held-out pass@1 before | after | gain (paired) | seconds |"
@@ -280,13 +287,15 @@ def main() -> None:
     for q in (s, r, rep):
         q.add_argument("--warm-steps", type=int, default=WARM_STEPS, help="SFT steps of the warm start")
         q.add_argument("--warm-episodes", type=int, default=WARM_EPISODES, help="demonstrations per mode")
+        q.add_argument("--warm-lr", type=float, default=WARM_LR, help="the warm start's SFT learning rate")
     a = p.parse_args()
     if a.cmd == "success":
-        success(a.seeds, a.tasks, a.warm_steps, a.warm_episodes)
+        success(a.seeds, a.tasks, a.warm_steps, a.warm_episodes, a.warm_lr)
     elif a.cmd == "rl":
-        rl(a.seeds, a.steps, a.credits, a.eval_tasks, a.lr, a.warm_seed, a.warm_steps, a.warm_episodes)
+        warm_args = (a.warm_steps, a.warm_episodes, a.warm_lr)
+        rl(a.seeds, a.steps, a.credits, a.eval_tasks, a.lr, a.warm_seed, *warm_args)
     else:
-        report(a.warm_steps, a.warm_episodes)
+        report(a.warm_steps, a.warm_episodes, a.warm_lr)
 
 
 if __name__ == "__main__":
