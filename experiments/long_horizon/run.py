@@ -23,6 +23,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,40 +45,46 @@ CONTEXT = 160
 history (about 220) does not."""
 FULL = 1024
 """The full-history reference's budget (holds every turn)."""
-WARM_STEPS = 600
-WARM_EPISODES = 96
-WARM_LR = 3e-3
-"""The first round's warm start: 600 SFT steps on 96 demonstrations per mode. Its policy depended on the
-seed (seed 0 solved 6-20 % of the chains, seeds 1 and 2 at most 6 %); later rounds train longer
-(``--warm-steps``) on more demonstrations (``--warm-episodes``)."""
 MODES = ("env-compaction", "policy-compaction", "truncate")
 
 
-def _tag(warm_steps: int, warm_episodes: int, warm_lr: float = WARM_LR) -> str:
-    """File-name tag of a warm start (empty for the first round's, whose names predate the flags)."""
-    if (warm_steps, warm_episodes, warm_lr) == (WARM_STEPS, WARM_EPISODES, WARM_LR):
-        return ""
-    episodes = "" if warm_episodes == WARM_EPISODES else f"-e{warm_episodes}"
-    return f"-w{warm_steps}{episodes}" + ("" if warm_lr == WARM_LR else f"-lr{warm_lr:g}")
+@dataclass(frozen=True)
+class WarmStart:
+    """How the policy is warm-started: SFT steps, demonstrations per mode, learning rate.
+
+    The defaults are the first round's. Its policy depended on the seed (seed 0 solved 6-20 % of the
+    chains, seeds 1 and 2 at most 6 %); later rounds train longer (``--warm-steps``), on more
+    demonstrations (``--warm-episodes``) and at a lower rate (``--warm-lr``)."""
+
+    steps: int = 600
+    episodes: int = 96
+    lr: float = 3e-3
+
+    @property
+    def tag(self) -> str:
+        """File-name tag (empty for the first round's, whose names predate the flags)."""
+        first = WarmStart()
+        if self == first:
+            return ""
+        episodes = "" if self.episodes == first.episodes else f"-e{self.episodes}"
+        return f"-w{self.steps}{episodes}" + ("" if self.lr == first.lr else f"-lr{self.lr:g}")
 
 
-def results_path(kind: str, warm_steps: int, warm_episodes: int, warm_lr: float = WARM_LR) -> Path:
+def results_path(kind: str, ws: WarmStart) -> Path:
     """``results/success.json`` or ``results/rl.json``, one pair per warm start."""
-    return RESULTS / f"{kind}{_tag(warm_steps, warm_episodes, warm_lr)}.json"
+    return RESULTS / f"{kind}{ws.tag}.json"
 
 
-def warm(
-    seed: int, warm_steps: int = WARM_STEPS, warm_episodes: int = WARM_EPISODES, warm_lr: float = WARM_LR
-) -> Path:
+def warm(seed: int, ws: WarmStart) -> Path:
     from policy import warm_start
 
     t0 = time.perf_counter()
     out = warm_start(
-        WORK / f"warm-k{K}{_tag(warm_steps, warm_episodes, warm_lr)}-{seed}",
+        WORK / f"warm-k{K}{ws.tag}-{seed}",
         seed=seed,
-        steps=warm_steps,
-        episodes=warm_episodes,
-        lr=warm_lr,
+        steps=ws.steps,
+        episodes=ws.episodes,
+        lr=ws.lr,
         modes=MODES,
         k=K,
         compact_every=EVERY,
@@ -118,12 +125,12 @@ async def _success(folder: Path, mode: str, budget: int, tasks: int, seed: int) 
     return [by_task[k] for k in sorted(by_task)]
 
 
-def success(seeds: list[int], tasks: int, warm_steps: int, warm_episodes: int, warm_lr: float) -> None:
+def success(seeds: list[int], tasks: int, ws: WarmStart) -> None:
     RESULTS.mkdir(exist_ok=True)
-    path = results_path("success", warm_steps, warm_episodes, warm_lr)
+    path = results_path("success", ws)
     data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     for seed in seeds:
-        folder = warm(seed, warm_steps, warm_episodes, warm_lr)
+        folder = warm(seed, ws)
         for mode, budget in [*((m, CONTEXT) for m in MODES), ("truncate", FULL)]:
             key = f"{mode}@{budget}/seed{seed}"
             if key in data:
@@ -141,24 +148,21 @@ def rl(
     eval_tasks: int,
     lr: float,
     warm_seed: int | None,
-    warm_steps: int,
-    warm_episodes: int,
-    warm_lr: float,
+    ws: WarmStart,
 ) -> None:
     """``agentrl train`` per seed and estimator from the warm start of that seed (or of ``warm_seed``:
     then the seeds vary only the training run, its tasks and its sampling)."""
     RESULTS.mkdir(exist_ok=True)
-    path = results_path("rl", warm_steps, warm_episodes, warm_lr)
+    path = results_path("rl", ws)
     data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     kwargs = json.dumps({"context": "env-compaction", "k": K, "compact_every": EVERY})
     for seed in seeds:
-        folder = warm(seed if warm_seed is None else warm_seed, warm_steps, warm_episodes, warm_lr)
+        folder = warm(seed if warm_seed is None else warm_seed, ws)
         for credit in credits:
             key = f"{credit}/seed{seed}" + (f"-warm{warm_seed}" if warm_seed not in (None, seed) else "")
             if key in data:
                 continue
-            tag = _tag(warm_steps, warm_episodes, warm_lr)
-            run = WORK / f"rl-k{K}{tag}-{credit}-{key.split('/')[1]}-{steps}-lr{lr:g}"
+            run = WORK / f"rl-k{K}{ws.tag}-{credit}-{key.split('/')[1]}-{steps}-lr{lr:g}"
             cmd = [
                 sys.executable, "-m", "agentrl.trainers", "train", "--model", str(folder),
                 "--env", "long-chain-v0", "--env-kwargs", kwargs, "--estimator", credit, "--seed", str(seed),
@@ -177,9 +181,9 @@ def rl(
                 "eval": ev,
                 "lr": lr,
                 "warm_start_seed": seed if warm_seed is None else warm_seed,
-                "warm_start_steps": warm_steps,
-                "warm_start_episodes": warm_episodes,
-                "warm_start_lr": warm_lr,
+                "warm_start_steps": ws.steps,
+                "warm_start_episodes": ws.episodes,
+                "warm_start_lr": ws.lr,
                 "steps": steps,
                 "seconds": time.perf_counter() - t0,
                 "metrics": metrics,
@@ -195,9 +199,9 @@ def _boot(x: np.ndarray, n: int = 2000, seed: int = 0) -> tuple[float, float]:
     return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
 
-def report(warm_steps: int, warm_episodes: int, warm_lr: float) -> None:
-    print(f"warm start: {warm_steps} steps on {warm_episodes} demonstrations per mode, lr {warm_lr:g}")
-    path = results_path("success", warm_steps, warm_episodes, warm_lr)
+def report(ws: WarmStart) -> None:
+    print(f"warm start: {ws.steps} steps on {ws.episodes} demonstrations per mode, lr {ws.lr:g}")
+    path = results_path("success", ws)
     if path.exists():
         data = json.loads(path.read_text())
         print("| mode | context budget | seeds | tasks per seed | success | 95 % interval |")
@@ -223,7 +227,7 @@ def report(warm_steps: int, warm_episodes: int, warm_lr: float) -> None:
                     d = np.concatenate(diffs)
                     lo, hi = _boot(d)
                     print(f"\n{a} - {b}: {d.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] (paired by task)")
-    path = results_path("rl", warm_steps, warm_episodes, warm_lr)
+    path = results_path("rl", ws)
     if path.exists():
         data = json.loads(path.read_text())
         head = "| estimator | seed | warm start | held-out pass@1 before | after | gain (paired) | seconds |"
@@ -284,18 +288,19 @@ def main() -> None:
     r.add_argument("--lr", type=float, default=3e-4)
     r.add_argument("--warm-seed", type=int, default=None, help="one warm start for every seed")
     rep = sub.add_parser("report")
+    first = WarmStart()
     for q in (s, r, rep):
-        q.add_argument("--warm-steps", type=int, default=WARM_STEPS, help="SFT steps of the warm start")
-        q.add_argument("--warm-episodes", type=int, default=WARM_EPISODES, help="demonstrations per mode")
-        q.add_argument("--warm-lr", type=float, default=WARM_LR, help="the warm start's SFT learning rate")
+        q.add_argument("--warm-steps", type=int, default=first.steps, help="SFT steps of the warm start")
+        q.add_argument("--warm-episodes", type=int, default=first.episodes, help="demonstrations per mode")
+        q.add_argument("--warm-lr", type=float, default=first.lr, help="the warm start's SFT learning rate")
     a = p.parse_args()
+    ws = WarmStart(a.warm_steps, a.warm_episodes, a.warm_lr)
     if a.cmd == "success":
-        success(a.seeds, a.tasks, a.warm_steps, a.warm_episodes, a.warm_lr)
+        success(a.seeds, a.tasks, ws)
     elif a.cmd == "rl":
-        warm_args = (a.warm_steps, a.warm_episodes, a.warm_lr)
-        rl(a.seeds, a.steps, a.credits, a.eval_tasks, a.lr, a.warm_seed, *warm_args)
+        rl(a.seeds, a.steps, a.credits, a.eval_tasks, a.lr, a.warm_seed, ws)
     else:
-        report(a.warm_steps, a.warm_episodes, a.warm_lr)
+        report(ws)
 
 
 if __name__ == "__main__":
