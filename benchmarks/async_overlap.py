@@ -179,9 +179,9 @@ def run_one_ray(S: int, args: argparse.Namespace, out: Path) -> dict[str, float]
     class SleepyLearnerActor(LearnerActor):
         """The real learner actor, with a sleep added to every update (a stand-in for a bigger model)."""
 
-        def update(self, groups: Any, learner_version: int) -> dict[str, float]:
+        def update(self, step: int, groups: Any) -> dict[str, float]:
             time.sleep(sleep_s)
-            return super().update(groups, learner_version)
+            return super().update(step, groups)
 
     cfg = pg.TrainConfig(
         model="tiny",

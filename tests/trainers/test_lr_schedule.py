@@ -142,7 +142,7 @@ def test_the_distributed_learner_resumes_the_schedule_like_the_local_one(
     assert actor.load_checkpoint(str(copy)) == 1
     _, trained = rerun.step_batch(run, 1)
     groups = list(group_trajectories(run.trajectories[i] for i in trained))
-    metrics = actor.update(groups, 1)
+    metrics = actor.update(1, groups)
     row = read_metrics(whole)[1]
     for key in ("learn/lr", "learn/lr_length_ratio", "learn/lr_decays", "stability/zero_variance_frac"):
         assert metrics[key] == row[key], key

@@ -388,7 +388,7 @@ class RayRuntime:
         step = int(groups[0][0].meta.step or 0)  # the step that trains them (the learner's version)
         shards = shard_groups(groups, len(self.learners))
         out = await asyncio.gather(
-            *(lrn.update.remote(s, step) for lrn, s in zip(self.learners, shards, strict=True))
+            *(lrn.update.remote(step, s) for lrn, s in zip(self.learners, shards, strict=True))
         )
         self._trained |= {(int(g[0].meta.step or 0), int(g[0].meta.seed or 0)) for g in groups}
         metrics: dict[str, float] = dict(out[0])
