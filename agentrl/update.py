@@ -13,11 +13,13 @@ a correction (the synchronous trainer) nothing changes.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from agentrl.batch import TokenBatch, collate
 from agentrl.credit import AdvantageEstimator, optimal_token_baseline, variance_proxy_metrics
@@ -25,9 +27,10 @@ from agentrl.errors import ConfigError
 from agentrl.groups import TrajectoryGroup
 from agentrl.learner import Learner, LearnerStats
 from agentrl.learner.correction import Correction, ImportanceWeights, importance_weights
+from agentrl.learner.distributed import all_reduce_floats, world_size
 from agentrl.staleness import token_versions
 
-__all__ = ["Credit", "Update", "policy_update", "score_and_credit"]
+__all__ = ["Credit", "Update", "nothing_to_learn", "policy_update", "score_and_credit"]
 
 
 @dataclass(frozen=True)
@@ -162,10 +165,13 @@ def policy_update(
     pad_id: int,
     correction: Correction | None = None,
     learner_version: int | None = None,
+    skip_zero: bool = True,
 ) -> Update:
     """Score, assign credit and take one learner step on ``groups`` (infra failures already dropped, see
     :meth:`TrajectoryGroup.usable`); return everything a step logs. ``correction`` and ``learner_version``
-    as in :func:`score_and_credit` (asynchronous training)."""
+    as in :func:`score_and_credit` (asynchronous training). ``skip_zero``: no optimizer step when
+    :func:`nothing_to_learn` (``learn/zero_advantage_skip`` 1); replay of a run recorded before the skip
+    existed passes False, as that run stepped."""
     credit = score_and_credit(
         learner,
         groups,
@@ -175,9 +181,14 @@ def policy_update(
         learner_version=learner_version,
     )
     batch, adv = credit.batch, credit.advantages_B_T
-    stats = learner.step(batch, credit.loss_advantages_B_T)
     m = batch.loss_mask_B_T.bool()
+    skip = skip_zero and nothing_to_learn(learner, credit)
+    if skip:
+        stats = _no_step(batch)  # a zero gradient: AdamW would still move the weights (momentum, decay)
+    else:
+        stats = learner.step(batch, credit.loss_advantages_B_T)
     metrics = {"learn/sampler_mismatch_max": credit.sampler_mismatch_max}
+    metrics["learn/zero_advantage_skip"] = float(skip)
     metrics.update(stats.to_dict(prefix="learn/"))
     if not (correction is not None and correction.mode == "bypass"):  # bypass has no Σπ² for the proxies
         rho = credit.weights.rho_B_T if credit.weights is not None and credit.weights.active else None
@@ -196,3 +207,36 @@ def policy_update(
         metrics.update(credit.weights.metrics)
     metrics.update(credit.staleness_metrics)
     return Update(credit, stats, metrics)
+
+
+def nothing_to_learn(learner: Learner, credit: Credit) -> bool:
+    """True when every advantage on every model token of the step is zero (on every rank) and the loss has
+    no other term (no KL to a reference, no entropy bonus): the gradient is zero, so the step is skipped."""
+    cfg = learner.config
+    if cfg.kl_coef > 0 or cfg.entropy_coef > 0:
+        return False
+    adv = credit.loss_advantages_B_T
+    nonzero = float(((adv != 0) & (credit.batch.loss_mask_B_T != 0)).sum())
+    if world_size() > 1:  # every rank must agree: the step is a collective
+        nonzero = all_reduce_floats([nonzero], dist.ReduceOp.SUM, learner.device)[0]
+    return nonzero == 0
+
+
+def _no_step(batch: TokenBatch) -> LearnerStats:
+    """The learner's report of a step not taken (no micro-batch ran, nothing measured)."""
+    seq_tokens = batch.loss_mask_B_T.sum(dim=1)
+    nan = math.nan
+    return LearnerStats(
+        loss=0.0,
+        pg_loss=0.0,
+        kl=0.0,
+        entropy=nan,
+        grad_norm=0.0,
+        clip_frac=0.0,
+        approx_kl=nan,
+        ratio_max=nan,
+        tokens=int(seq_tokens.sum()),
+        sequences=int((seq_tokens > 0).sum()),
+        micro_batches=0,
+        skipped=True,
+    )

@@ -140,6 +140,13 @@ class LearnerCore:
             c = update.credit
             save_step_scores(self.run, step, groups, c.logprobs_B_T, c.sum_pi_squared_B_T)
         self.stability = stab.state
+        if update.metrics["learn/zero_advantage_skip"] and self.rank == 0:
+            # stderr, with the other notices of a step: stdout's "step k:" lines are the metric rows
+            print(
+                f"step {step}: every advantage is zero (no reward differs from its baseline); update skipped",
+                file=sys.stderr,
+                flush=True,
+            )
         warning = stab.warning(step)
         if warning is not None and self.rank == 0:
             print(warning, file=sys.stderr, flush=True)

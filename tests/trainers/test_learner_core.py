@@ -96,6 +96,7 @@ def both(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     out["ray_published"] = transport.get(ref)
     actor.save_checkpoint(str(ray_dir), 1, keep=3)
     out["dirs"] = (local_dir, ray_dir)
+    out["runtimes"] = (rt, actor)
     return out
 
 
@@ -121,3 +122,21 @@ def test_the_checkpoints_and_step_scores_are_the_same(both: dict) -> None:
     assert set(lw) == set(rw) and all(torch.equal(lw[k], rw[k]) for k in lw)
     local_scores = sorted(p.relative_to(local_dir) for p in local_dir.rglob("*score*"))
     assert local_scores and local_scores == sorted(p.relative_to(ray_dir) for p in ray_dir.rglob("*score*"))
+
+
+def test_a_step_without_signal_is_skipped_and_said_on_both_runtimes(both: dict, capsys) -> None:
+    """Every episode failed (reward 0): every advantage is zero, so no optimizer step is taken
+    (AdamW's momentum and decay would still move the weights) and the console and the metrics say so."""
+    assert both["local_metrics"]["learn/zero_advantage_skip"] == 0.0  # the first step had signal
+    rt, actor = both["runtimes"]
+    flat = (0.0, 0.0, 0.0, 0.0)  # OTB's zero tail gives a solo tail A = G: equal rewards of 1 are not zero
+    for name, model, update in (
+        ("local", rt.core.model, lambda: asyncio.run(rt.update(step_groups(flat)))),
+        ("ray", actor.core.model, lambda: actor.update(1, step_groups(flat))),
+    ):
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        capsys.readouterr()
+        metrics = update()
+        assert metrics["learn/zero_advantage_skip"] == 1.0 and metrics["learn/micro_batches"] == 0, name
+        assert "every advantage is zero" in capsys.readouterr().err, name
+        assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), name

@@ -260,6 +260,7 @@ def reproduce_step(
             pad_id=_pad_id(tok),
             correction=run_correction(run),
             learner_version=step,
+            skip_zero="learn/zero_advantage_skip" in row,  # a run recorded before the skip stepped on zeros
         )
         dev_s = str(learner.device)
         got.update(update.metrics)
