@@ -46,8 +46,10 @@ from agentrl.types import TokenSource, Trajectory
 
 __all__ = [
     "Admission",
+    "DroppedGroup",
     "Lease",
     "OnStale",
+    "StepOutcome",
     "StepPlan",
     "episode_staleness",
     "oldest_version",
@@ -124,6 +126,30 @@ class StepPlan:
     """Groups of the step dropped: stragglers (``drop``) or finished over the bound."""
     staleness: tuple[int, ...]
     """Staleness of each trained group (learner version − its oldest token version)."""
+
+
+@dataclass(frozen=True)
+class DroppedGroup:
+    """A group of a step that was not trained, and why."""
+
+    seed: int
+    """Its task seed."""
+    reason: str
+    """Why, in words (the Ray ledger records it)."""
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What the loop decided for a step, handed to the runtime's ``publish`` with the step's weights: the
+    groups trained and those dropped, each with the reason. The runtime records it (the Ray ledger) and never
+    judges a group again."""
+
+    step: int
+    """The step (its weights are published as version ``step + 1``)."""
+    trained: tuple[int, ...]
+    """Task seeds of the groups the update trained on."""
+    dropped: tuple[DroppedGroup, ...]
+    """Every other group of the step the loop leased (or reused, or skipped), with its reason."""
 
 
 @dataclass

@@ -15,6 +15,7 @@ from agentrl.policies import HFPolicy
 from agentrl.protocols import UpdatablePolicy, WeightUpdate
 from agentrl.rollout import EpisodeDone, run_groups
 from agentrl.run import RunDir
+from agentrl.staleness import StepOutcome
 from agentrl.trainers import train_setup
 from agentrl.trainers.evaluate import EvalReport, run_held_out
 from agentrl.trainers.learner_core import LearnerCore
@@ -60,7 +61,7 @@ class LocalRuntime:
         return self.policy.version
 
     def run_groups(
-        self, *, seeds: Iterable[int], group_size: int, meta: TrajectoryMeta
+        self, step: int, *, seeds: Iterable[int], group_size: int, meta: TrajectoryMeta
     ) -> AsyncIterator[EpisodeDone]:
         """The step's groups, from the env scheduler or (with --agent) the agent through the gateway."""
         if self.agent is not None:
@@ -73,19 +74,18 @@ class LocalRuntime:
             self.make_env,
             self.policy,
             self.renderer,
-            train_setup.rollout_config(self.cfg, int(meta.step or 0)),
+            train_setup.rollout_config(self.cfg, step),
             seeds=seeds,
             group_size=group_size,
             meta=meta,
             limit=self.limit,
         )
 
-    async def update(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+    async def update(self, step: int, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
         """The learner core's update in a worker thread (sampling goes on in this one when it overlaps)."""
         clear = getattr(self.policy, "clear_cache", None)
         if callable(clear) and self.cfg.max_staleness == 0:
             clear()  # the KV of this step's turns is stale once the weights change: free it before learning
-        step = int(groups[0][0].meta.step or 0)  # the step that trains them (the learner's version)
         return await asyncio.to_thread(self.core.update, step, groups)
 
     async def held_out(self, label: str) -> EvalReport | None:
@@ -113,9 +113,10 @@ class LocalRuntime:
         trim_heap()
         return report
 
-    async def publish(self, version: int) -> None:
+    async def publish(self, version: int, outcome: StepOutcome) -> None:
         """The learner's weights to the sampler; with LoRA, the sampler's served adapter is then checked
-        against the learner's and recorded (:func:`agentrl.lora_sync.verify_served`)."""
+        against the learner's and recorded (:func:`agentrl.lora_sync.verify_served`). The step's outcome is
+        in trajectories.jsonl and metrics.jsonl already: this runtime keeps no ledger."""
         await self.policy.load_weights(WeightUpdate(version, self.core.state_to_publish()))
         if self.core.adapted is not None:
             await verify_served(self.run, self.policy, self.core.model, version)

@@ -50,7 +50,7 @@ from agentrl import JsonlStore, TrajectoryGroup, TrajectoryMeta, read_groups
 from agentrl.dynamic_sampling import StepDraws, draw_metrics, group_verdict
 from agentrl.metrics import MetricsLogger
 from agentrl.run import RunDir
-from agentrl.staleness import Admission, Lease, StepPlan, oldest_version
+from agentrl.staleness import Admission, DroppedGroup, Lease, StepOutcome, StepPlan, oldest_version
 from agentrl.trainers.runtime import TrainRuntime
 from agentrl.trainers.step_metrics import (
     Progress,
@@ -68,6 +68,10 @@ if TYPE_CHECKING:
 __all__ = ["Session", "reusable_groups", "run_steps", "until_stopped"]
 
 T = TypeVar("T")
+
+INFRA_DROP = "every episode failed for infrastructure reasons"
+STRAGGLER_DROP = "not finished when its step trained (--on-stale drop)"
+STALE_DROP = "finished over the staleness bound (--max-staleness)"
 
 
 @dataclass
@@ -122,10 +126,12 @@ def reusable_groups(run: RunDir, group_size: int, first_step: int) -> dict[tuple
     return out
 
 
-async def run_group(s: Session, seed: int, meta: TrajectoryMeta, progress: Progress) -> TrajectoryGroup:
-    """One group of the run's runtime, every trajectory appended to the run's store as it finishes (on disk
-    before anything else: a kill -9 loses nothing)."""
-    events = s.runtime.run_groups(seeds=(seed,), group_size=s.cfg.group_size, meta=meta)
+async def run_group(
+    s: Session, step: int, seed: int, meta: TrajectoryMeta, progress: Progress
+) -> TrajectoryGroup:
+    """One group of step ``step`` from the run's runtime, every trajectory appended to the run's store as it
+    finishes (on disk before anything else: a kill -9 loses nothing)."""
+    events = s.runtime.run_groups(step, seeds=(seed,), group_size=s.cfg.group_size, meta=meta)
     async for done in events:
         await s.store.append(done.trajectory)  # a plain write: no suspension point
         if done.trajectory.meta.is_last_sample:  # the bar counts episodes, not samples
@@ -181,6 +187,7 @@ async def run_steps(s: Session, after_step: Callable[[int], Awaitable[None]]) ->
     draws: dict[int, StepDraws] = {}  # per step: draws issued, verdicts of those finished (refills)
     bars: dict[int, Progress] = {}
     reused_of: dict[int, int] = {}
+    seed_of: dict[int, int] = {}  # lease index -> its task seed (what the step's outcome names)
     tasks: dict[int, asyncio.Task[None]] = {}
     wake = asyncio.Event()
     failure: list[BaseException] = []
@@ -189,7 +196,7 @@ async def run_steps(s: Session, after_step: Callable[[int], Awaitable[None]]) ->
         try:
             meta = TrajectoryMeta(env_id=cfg.env, step=lease.step, policy_version=runtime.version)
             t0 = time.perf_counter()
-            group = await run_group(s, seed, meta, bars[lease.step])
+            group = await run_group(s, lease.step, seed, meta, bars[lease.step])
             spans[lease.index] = (t0, time.perf_counter())
             finished(lease, group)
         except asyncio.CancelledError:
@@ -208,7 +215,7 @@ async def run_steps(s: Session, after_step: Callable[[int], Awaitable[None]]) ->
     def start(lease: Lease) -> None:
         from agentrl.rollout import task_id
 
-        seed = sampler.task(lease.step, lease.slot)
+        seed = seed_of[lease.index] = sampler.task(lease.step, lease.slot)
         old = reuse.pop((lease.step, task_id(cfg.env, seed)), None)
         if old is not None:
             reused_of[lease.step] = reused_of.get(lease.step, 0) + old.num_episodes
@@ -266,21 +273,35 @@ async def run_steps(s: Session, after_step: Callable[[int], Awaitable[None]]) ->
                 return k
             waited = time.perf_counter() - t_wait
             plan = adm.take(k)
+            dropped: list[DroppedGroup] = []
             for lease in plan.dropped:
                 task = tasks.pop(lease.index, None)
                 if task is not None:
                     task.cancel()
-                results.pop(lease.index, None)
+                finished_late = results.pop(lease.index, None) is not None
                 spans.pop(lease.index, None)
+                seed = seed_of.pop(lease.index, None)
+                if seed is not None:  # None: a slot never leased (drop mode), so no task was ever drawn
+                    dropped.append(DroppedGroup(seed, STALE_DROP if finished_late else STRAGGLER_DROP))
             groups = [results.pop(lease.index) for lease in plan.trained]
+            seeds = [seed_of.pop(lease.index) for lease in plan.trained]
             ran = [spans.pop(lease.index) for lease in plan.trained if lease.index in spans]
             in_flight = len(tasks)
             bars.pop(k).close()
             t_learn = time.perf_counter()
             step_draws = draws.pop(k)
-            usable = [
-                u for g in groups if step_draws.keep(group_verdict(g)) and (u := g.usable()) is not None
-            ]
+            usable: list[TrajectoryGroup] = []
+            trained: list[int] = []
+            for seed, g in zip(seeds, groups, strict=True):
+                verdict = group_verdict(g)
+                u = g.usable()
+                if u is None:
+                    dropped.append(DroppedGroup(seed, INFRA_DROP))
+                elif not step_draws.keep(verdict):
+                    dropped.append(DroppedGroup(seed, f"filtered by dynamic sampling: {verdict.value}"))
+                else:
+                    usable.append(u)
+                    trained.append(seed)
             sampler.observe(k, groups)
             if step_draws.capped:
                 print(
@@ -289,11 +310,11 @@ async def run_steps(s: Session, after_step: Callable[[int], Awaitable[None]]) ->
                 )
             update: dict[str, float] = {}
             if usable:
-                update = await runtime.update(usable)
+                update = await runtime.update(k, usable)
             else:
                 print(f"step {k}: no group to train on (every episode failed, or none had signal); no update")
             t_publish = time.perf_counter()
-            await runtime.publish(k + 1)
+            await runtime.publish(k + 1, StepOutcome(k, tuple(trained), tuple(dropped)))
             now = time.perf_counter()
             times = {
                 "time/publish_s": now - t_publish,

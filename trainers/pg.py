@@ -118,11 +118,7 @@ async def _train(cfg: TrainConfig, run: RunDir, runtime: RuntimeFactory | None) 
                     save_sampler_state(run, step, sampler)
                     await rt.save_checkpoint(run, step, keep=cfg.keep_checkpoints)
             if not stop.is_set() and before is not None:
-                # The last checkpoint is written: no update follows. A runtime written before
-                # finish_updates existed has none and keeps working (it only gives memory back).
-                finish = getattr(rt, "finish_updates", None)
-                if finish is not None:
-                    await finish()
+                await rt.finish_updates()  # the last checkpoint is written: no update follows
                 after = await _held_out(rt, "trained", stop)
                 if after is not None:
                     write_comparison(run_dir, before, after)

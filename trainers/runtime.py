@@ -2,8 +2,12 @@
 
 ``agentrl.trainers.pg`` runs one training loop (:mod:`agentrl.trainers.loop`) over a :class:`TrainRuntime`::
 
-    held_out("untrained") → [run_groups(seeds) → EpisodeDone stream → store → update(groups)
-      → publish(version) → save_checkpoint] per step → held_out("trained")
+    held_out("untrained") → [run_groups(k, seeds) → EpisodeDone stream → store → update(k, groups)
+      → publish(k + 1, outcome) → save_checkpoint] per step k → finish_updates → held_out("trained")
+
+The step travels explicitly: the loop gives every call its step ``k`` and hands ``publish`` the step's
+:class:`~agentrl.staleness.StepOutcome` (groups trained, dropped and why). ``TrajectoryMeta.step`` is still
+written into every trajectory (the run's record), but a runtime never reads it back to decide anything.
 
 Two runtimes implement it:
 
@@ -26,6 +30,7 @@ from typing import Protocol, runtime_checkable
 from agentrl.groups import TrajectoryGroup
 from agentrl.rollout import EpisodeDone
 from agentrl.run import RunDir
+from agentrl.staleness import StepOutcome
 from agentrl.trainers.evaluate import EvalReport
 from agentrl.types import TrajectoryMeta
 
@@ -47,20 +52,21 @@ class TrainRuntime(Protocol):
         ...
 
     def run_groups(
-        self, *, seeds: Iterable[int], group_size: int, meta: TrajectoryMeta
+        self, step: int, *, seeds: Iterable[int], group_size: int, meta: TrajectoryMeta
     ) -> AsyncIterator[EpisodeDone]:
-        """One group per seed, every episode reported as it finishes (the last of a group carries the group),
-        as :func:`agentrl.rollout.run_groups` does. Closing the iterator early cancels what is running."""
+        """One group per seed for training step ``step``, every episode reported as it finishes (the last of a
+        group carries the group), as :func:`agentrl.rollout.run_groups` does. Closing the iterator early
+        cancels what is running."""
         ...
 
-    async def update(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
-        """Learn from ``groups`` (infra failures already dropped); return the step's ``learn/*`` and
-        ``variance/*`` metrics and whatever the runtime itself reports."""
+    async def update(self, step: int, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+        """Train step ``step`` on ``groups`` (the loop already dropped what it does not train); return the
+        step's ``learn/*`` and ``variance/*`` metrics and whatever the runtime itself reports."""
         ...
 
-    async def publish(self, version: int) -> None:
-        """Hand the learner's current weights to every sampler as ``version``; returns once they all
-        sample with them."""
+    async def publish(self, version: int, outcome: StepOutcome) -> None:
+        """Hand the learner's current weights to every sampler as ``version`` (= ``outcome.step + 1``) and
+        record the step's outcome; returns once every sampler samples with them."""
         ...
 
     async def held_out(self, label: str) -> EvalReport | None:

@@ -23,6 +23,7 @@ from agentrl.metrics import read_metrics
 from agentrl.models import resolve_model
 from agentrl.rollout import RolloutConfig
 from agentrl.run import RunDir
+from agentrl.staleness import DroppedGroup, StepOutcome
 from agentrl.trainers import pg, train_setup
 from agentrl.trainers.distributed import GroupLedger, GroupState, RayOptions, ray_runtime
 from agentrl.types import StopReason, TrajectoryMeta
@@ -83,7 +84,7 @@ class Rollout:
         self.expected = sorted(f"{cfg.env}:{s}" for s in seeds)
 
         async def consume():
-            async for done in rt.run_groups(seeds=seeds, group_size=cfg.group_size, meta=meta):
+            async for done in rt.run_groups(step, seeds=seeds, group_size=cfg.group_size, meta=meta):
                 self.events.append(done)
 
         self.task = asyncio.ensure_future(consume())
@@ -105,8 +106,10 @@ def leased_by(rt, worker):
 async def finish_step(rt, groups, version):
     """Train on the groups and publish: the ledger must settle and every server hold the learner's weights."""
     usable = [u for g in groups if (u := g.usable()) is not None]
-    metrics = await rt.update(usable)
-    await rt.publish(version)
+    metrics = await rt.update(version - 1, usable)
+    trained = tuple(g[0].meta.seed for g in usable)
+    infra = [DroppedGroup(g[0].meta.seed, "every episode failed") for g in groups if g.usable() is None]
+    await rt.publish(version, StepOutcome(version - 1, trained, tuple(infra)))
     assert all(s.version == version and s.checksum == rt.learner_checksum for s in rt.last_sync)
     return metrics
 
@@ -199,7 +202,8 @@ async def test_an_inference_server_killed_restarts_with_the_current_weights(clus
     opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=0.3), lease_s=120)
     async with ray_runtime(cfg, run, opts) as rt:
         assert rt.transport.name == "shared_disk"
-        await rt.publish(1)  # the servers now hold version 1; a restarted one starts at 0 and must catch up
+        # The servers now hold version 1; a restarted one starts at 0 and must catch up.
+        await rt.publish(1, StepOutcome(0, (), ()))
         rollout = Rollout(rt, cfg, step=1)
         await wait_until(lambda: len(rollout.events) >= 1)
         ray.kill(rt.servers[0], no_restart=False)
@@ -340,7 +344,7 @@ async def test_bf16_compute_servers_hold_the_served_copy_of_the_fp32_master_weig
 
     cfg, run = new_run(config(tmp_path, env="calculator-v0", dtype="bfloat16"))
     async with ray_runtime(cfg, run, RayOptions()) as rt:  # the default servers: HF policies
-        await rt.publish(1)
+        await rt.publish(1, StepOutcome(0, (), ()))
         assert rt.last_sync and all(
             s.version == 1 and s.checksum == rt.learner_checksum for s in rt.last_sync
         )

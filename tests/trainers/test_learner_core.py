@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from agentrl.groups import TrajectoryGroup, group_trajectories
 from agentrl.learner import LearnerConfig
 from agentrl.run import RunDir
+from agentrl.staleness import StepOutcome
 from agentrl.testing import RecordingWeightSink
 from agentrl.trainers.distributed.learner import LearnerActor
 from agentrl.trainers.distributed.weights import make_transport
@@ -81,8 +82,8 @@ def both(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     assert core.load(run) == 0
     sink = RecordingWeightSink()
     rt = LocalRuntime(cfg, run, pool=None, agent=None, core=core, policy=sink, start_step=0)
-    out["local_metrics"] = asyncio.run(rt.update(step_groups()))
-    asyncio.run(rt.publish(1))
+    out["local_metrics"] = asyncio.run(rt.update(0, step_groups()))
+    asyncio.run(rt.publish(1, StepOutcome(0, (0, 1), ())))
     out["local_published"] = sink.updates[-1].named_tensors
     asyncio.run(rt.save_checkpoint(run, 1, keep=3))
 
@@ -131,12 +132,12 @@ def test_a_step_without_signal_is_skipped_and_said_on_both_runtimes(both: dict, 
     rt, actor = both["runtimes"]
     flat = (0.0, 0.0, 0.0, 0.0)  # OTB's zero tail gives a solo tail A = G: equal rewards of 1 are not zero
     for name, model, update in (
-        ("local", rt.core.model, lambda: asyncio.run(rt.update(step_groups(flat)))),
+        ("local", rt.core.model, lambda: asyncio.run(rt.update(1, step_groups(flat)))),
         ("ray", actor.core.model, lambda: actor.update(1, step_groups(flat))),
     ):
         before = {k: v.clone() for k, v in model.state_dict().items()}
         capsys.readouterr()
         metrics = update()
         assert metrics["learn/zero_advantage_skip"] == 1.0 and metrics["learn/micro_batches"] == 0, name
-        assert "every advantage is zero" in capsys.readouterr().err, name
+        assert "step 1: every advantage is zero" in capsys.readouterr().err, name
         assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), name

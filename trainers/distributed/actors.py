@@ -373,7 +373,7 @@ class RolloutWorker:
             make_env = await self._env_factory()
 
             async def episode(seed: int, member: int, meta: TrajectoryMeta) -> tuple[Trajectory, ...]:
-                return await self._episode(make_env, seed, member, meta)
+                return await self._episode(make_env, lease.step, seed, member, meta)
 
         events = schedule_groups(
             episode,
@@ -388,7 +388,7 @@ class RolloutWorker:
         return GroupResult(lease, finished, self.name)
 
     async def _episode(
-        self, make_env: Callable[[], Any], seed: int, member: int, group: TrajectoryMeta
+        self, make_env: Callable[[], Any], step: int, seed: int, member: int, group: TrajectoryMeta
     ) -> tuple[Trajectory, ...]:
         """One episode on the inference servers (its samples: several when the env compacts its context or
         a tool runs a sub-agent, :func:`agentrl.samples.run_samples`): sticky to the server the balancer
@@ -396,7 +396,7 @@ class RolloutWorker:
         meta = dataclasses.replace(group, episode_id=f"{group.group_id}-m{member}")
         from agentrl.trainers.train_setup import rollout_config
 
-        rollout = rollout_config(self.cfg, int(meta.step or 0))  # the step's seed, as single-process
+        rollout = rollout_config(self.cfg, step)  # the step's seed, as single-process
         for attempt in range(self.episode_retries + 1):
             index: int = await self.balancer.acquire.remote()
             policy = ServerPolicy(self.servers, self.balancer, index)

@@ -29,11 +29,11 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agentrl.dynamic_sampling import GroupVerdict, group_verdict
 from agentrl.errors import ConfigError, InfraError, removed_arguments
 from agentrl.groups import TrajectoryGroup
 from agentrl.rollout import EpisodeDone
 from agentrl.run import RunDir
+from agentrl.staleness import StepOutcome
 from agentrl.trainers.distributed.actors import (
     GroupLease,
     GroupResult,
@@ -166,16 +166,12 @@ class RayRuntime:
         asynchronous trainer runs one per group)."""
         self._starting: set[asyncio.Task[None]] = set()
         """Replacement workers not yet answering (leased to only once they do)."""
-        self._trained: set[GroupKey] = set()
-        """Groups handed to :meth:`update` since the last publish (marked trained when it settles)."""
         self._worker_count = 0
         self._start = 0
         self._version = 0
         self.replaced_workers = 0
         self.last_sync: list[ServerState] = []
         self.learner_checksum = ""
-        self._all_infra: set[GroupKey] = set()
-        self._no_signal: dict[GroupKey, GroupVerdict] = {}  # --dynamic-sampling true drops these
         self.sync_s = 0.0
         """Seconds the last weight sync took (publish, every server loaded and checked)."""
 
@@ -238,7 +234,7 @@ class RayRuntime:
             self._spawn_worker()
         await asyncio.gather(*(w.where.remote() for w in self.workers.values()))  # all alive before leasing
         self._busy = dict.fromkeys(self.workers, 0)
-        await self.publish(self._start)
+        await self._publish(self._start)
 
     def _spawn_worker(self) -> str:
         name = f"worker-{self._worker_count}"
@@ -303,13 +299,12 @@ class RayRuntime:
         return self._version
 
     async def run_groups(
-        self, *, seeds: Iterable[int], group_size: int, meta: TrajectoryMeta
+        self, step: int, *, seeds: Iterable[int], group_size: int, meta: TrajectoryMeta
     ) -> AsyncIterator[EpisodeDone]:
         """Lease the step's groups to the workers and yield every episode of each group that comes back
         (the ledger discards late duplicates); re-lease groups of dead workers and expired leases."""
         from ray.exceptions import RayActorError, RayTaskError
 
-        step = int(meta.step or 0)
         keys = set(self.ledger.issue(step, list(seeds)))
         slots = max(1, -(-self.cfg.rollout.concurrency // group_size)) + 1
         busy = self._busy
@@ -361,12 +356,6 @@ class RayRuntime:
                     if not self.ledger.complete(key, gid):
                         continue  # a late result of an attempt that lost its lease: never trained on
                     trajs = result.trajectories
-                    if all(t.infra_failure for t in trajs):
-                        self._all_infra.add(key)
-                    elif self.cfg.dynamic_sampling.enabled:
-                        verdict = group_verdict(TrajectoryGroup(trajs))
-                        if verdict is not GroupVerdict.SIGNAL:
-                            self._no_signal[key] = verdict
                     for i, t in enumerate(trajs):
                         yield EpisodeDone(t, TrajectoryGroup(trajs) if i == len(trajs) - 1 else None)
         finally:
@@ -378,28 +367,30 @@ class RayRuntime:
                     busy[name] -= 1
                 self.ledger.release(key, gid, "cancelled")
 
-    async def update(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
-        """Deal the groups to the learner ranks and step; rank 0's metrics plus the controller's."""
+    async def update(self, step: int, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+        """Deal the groups to the learner ranks and train step ``step``; rank 0's metrics plus the
+        controller's."""
         if len(groups) < len(self.learners):
             raise ConfigError(
                 f"{len(groups)} usable groups cannot feed {len(self.learners)} learners; lower --learners "
                 "or raise --groups-per-step"
             )
-        step = int(groups[0][0].meta.step or 0)  # the step that trains them (the learner's version)
         shards = shard_groups(groups, len(self.learners))
         out = await asyncio.gather(
             *(lrn.update.remote(step, s) for lrn, s in zip(self.learners, shards, strict=True))
         )
-        self._trained |= {(int(g[0].meta.step or 0), int(g[0].meta.seed or 0)) for g in groups}
         metrics: dict[str, float] = dict(out[0])
         metrics.update(self.metrics(step))
         return metrics
 
-    async def publish(self, version: int) -> None:
-        """Close the step in the ledger, publish the learner's weights as ``version``, sync every server,
-        and check that each holds exactly the learner's weights."""
+    async def publish(self, version: int, outcome: StepOutcome) -> None:
+        """Close the step in the ledger as the loop decided it (``outcome``), then publish the learner's
+        weights as ``version``, sync every server, and check that each holds exactly the learner's weights."""
+        self._settle(outcome)
+        await self._publish(version)
+
+    async def _publish(self, version: int) -> None:
         t0 = time.perf_counter()
-        self._settle(version - 1)
         refs = await asyncio.gather(*(lrn.publish.remote(version, self.transport) for lrn in self.learners))
         ref: WeightRef = refs[0]
         await self.broker.set.remote(ref)
@@ -427,31 +418,23 @@ class RayRuntime:
                     raise
                 await asyncio.sleep(0.5)
 
-    def _settle(self, step: int) -> None:
-        """Close ``step`` in the ledger: the groups :meth:`update` trained on are trained; every other group
-        of the step is dropped with the reason (all infrastructure failures; or, training asynchronously,
-        left out by the trainer: a straggler still running, or finished over the staleness bound). Then
-        check the ledger's accounting."""
-        trained = {k for k in self._trained if k[0] == step}
-        self._trained -= trained
-        if step < 0 or step < self._start - 1:
-            return
+    def _settle(self, outcome: StepOutcome) -> None:
+        """Close ``outcome.step`` in the ledger as the loop decided it: its trained groups are trained, each
+        dropped one is dropped (finished) or abandoned (still pending or leased) with the loop's reason. A
+        group the ledger holds for the step that the outcome does not name (left pending by an interrupted
+        run, and not drawn again by this one) is given up as such. Then check the ledger's accounting."""
+        step, entries = outcome.step, self.ledger.entries
+        trained = {(step, seed) for seed in outcome.trained}
         self.ledger.mark_trained(sorted(trained))
-        for k, e in list(self.ledger.entries.items()):
-            if e.step != step or k in trained:
+        reasons = {(step, d.seed): d.reason for d in outcome.dropped}
+        for k, e in list(entries.items()):
+            if e.step != step or k in trained or e.state.value in ("trained", "dropped"):
                 continue
+            reason = reasons.get(k, f"not in step {step}'s outcome (left from an interrupted run)")
             if e.state.value == "done":
-                verdict = self._no_signal.pop(k, None)
-                self.ledger.drop(
-                    k,
-                    "every episode failed for infrastructure reasons"
-                    if k in self._all_infra
-                    else f"filtered by dynamic sampling: {verdict.value}"
-                    if verdict is not None
-                    else "finished but not trained (the trainer dropped it)",
-                )
-            elif e.state.value in ("pending", "leased"):
-                self.ledger.abandon(k, "not finished when its step trained (--on-stale drop)")
+                self.ledger.drop(k, reason)
+            else:
+                self.ledger.abandon(k, reason)
         self.ledger.check(step, settled=True)
 
     def metrics(self, step: int) -> dict[str, float]:
