@@ -9,6 +9,8 @@
 * :class:`RecordingWeightSink` — a :class:`~agentrl.protocols.WeightSink` (wrapping a policy: an
   :class:`~agentrl.protocols.UpdatablePolicy`) that records every weight update.
 * :class:`FakeSandboxSource` — a :class:`~agentrl.protocols.SandboxSource` lending ``FakeSandbox`` sessions.
+* :class:`ScriptedRuntime` — a ``TrainRuntime`` (``agentrl.trainers.runtime``) with no model: scripted
+  rewards and delays per task, every update and step outcome recorded, so a loop test runs in milliseconds.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import dataclasses
 import io
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from agentrl.env import Env, Observation, StepResult
@@ -36,7 +38,18 @@ from agentrl.protocols import (
     ToolOutput,
     WeightUpdate,
 )
-from agentrl.types import Action, Message, ToolStatus, Trajectory
+from agentrl.rollout import EpisodeDone, schedule_groups
+from agentrl.staleness import StepOutcome
+from agentrl.types import (
+    Action,
+    Message,
+    Segment,
+    StopReason,
+    TokenSource,
+    ToolStatus,
+    Trajectory,
+    TrajectoryMeta,
+)
 
 __all__ = [
     "EchoEnv",
@@ -46,6 +59,7 @@ __all__ = [
     "MemoryStore",
     "RecordingWeightSink",
     "ScriptedPolicy",
+    "ScriptedRuntime",
 ]
 
 
@@ -299,3 +313,115 @@ class FakeSandboxSource:
             finally:
                 await sb.reset()
                 self._free.append(sb)
+
+
+class ScriptedRuntime:
+    """A ``TrainRuntime`` (:class:`agentrl.trainers.runtime.TrainRuntime`) with no model, sampler or env.
+
+    Each episode is one model turn of two tokens after a two-token prompt; its reward is
+    ``reward(seed, member)`` (None: an infrastructure failure), and it takes ``delay_s(seed)`` seconds. Every
+    call is recorded: :attr:`runs` (step, seed) in the order groups started, :attr:`updates` (step, groups),
+    :attr:`outcomes` (what ``publish`` was told), :attr:`checkpoints`. ``publish`` makes the version current
+    for the next turns, as a real sampler does. Pass it to ``agentrl.trainers.pg.train`` as
+    ``runtime=lambda cfg, run: contextlib.nullcontext(ScriptedRuntime(...))``.
+    """
+
+    def __init__(
+        self,
+        reward: Callable[[int, int], float | None] = lambda seed, member: float(member % 2),
+        *,
+        delay_s: Callable[[int], float] | float = 0.0,
+        start_step: int = 0,
+        concurrency: int = 64,
+    ):
+        self.reward = reward
+        self.delay_s = delay_s
+        self._start = self._version = int(start_step)
+        self.concurrency = concurrency
+        self.runs: list[tuple[int, int]] = []
+        """(step, seed) of every group run, in the order they started."""
+        self.updates: list[tuple[int, list[TrajectoryGroup]]] = []
+        """(step, groups) of every update."""
+        self.outcomes: list[StepOutcome] = []
+        """Every step outcome ``publish`` was handed."""
+        self.checkpoints: list[int] = []
+        """The step of every checkpoint asked for."""
+        self.finished = False
+        """True once ``finish_updates`` was called (an update afterwards raises)."""
+
+    @property
+    def start_step(self) -> int:
+        """The step this run starts at."""
+        return self._start
+
+    @property
+    def version(self) -> int:
+        """The weights version the turns sample with now (the last published)."""
+        return self._version
+
+    def run_groups(
+        self, step: int, *, seeds: Iterable[int], group_size: int, meta: TrajectoryMeta
+    ) -> AsyncIterator[EpisodeDone]:
+        """One group per seed, through the one scheduler (:func:`agentrl.rollout.schedule_groups`)."""
+        seeds = list(seeds)
+        self.runs.extend((step, seed) for seed in seeds)
+
+        async def episode(seed: int, member: int, group: TrajectoryMeta) -> tuple[Trajectory, ...]:
+            version = self._version
+            delay = self.delay_s(seed) if callable(self.delay_s) else self.delay_s
+            await asyncio.sleep(delay)
+            reward = self.reward(seed, member)
+            meta = dataclasses.replace(
+                group, episode_id=f"{group.group_id}-m{member}", policy_version=version
+            )
+            return (_scripted_trajectory(meta, reward, version),)
+
+        return schedule_groups(
+            episode,
+            env_id=meta.env_id,
+            seeds=seeds,
+            group_size=group_size,
+            meta=meta,
+            concurrency=self.concurrency,
+        )
+
+    async def update(self, step: int, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+        """Record the update; its metrics say how many groups it trained."""
+        if self.finished:
+            raise ConfigError("update after finish_updates")
+        self.updates.append((step, list(groups)))
+        return {"learn/loss": 0.0, "learn/groups": float(len(groups))}
+
+    async def publish(self, version: int, outcome: StepOutcome) -> None:
+        """Record the step's outcome; the next turns sample with ``version``."""
+        if version != outcome.step + 1:
+            raise ConfigError(f"publish of version {version} with the outcome of step {outcome.step}")
+        self.outcomes.append(outcome)
+        self._version = version
+
+    async def held_out(self, label: str) -> None:
+        """No held-out evaluation (None)."""
+        return None
+
+    async def finish_updates(self) -> None:
+        """Refuse updates from now on."""
+        self.finished = True
+
+    async def save_checkpoint(self, run: Any, step: int, *, keep: int) -> None:
+        """Record the checkpoint's step (nothing is written)."""
+        self.checkpoints.append(step)
+
+
+def _scripted_trajectory(meta: TrajectoryMeta, reward: float | None, version: int) -> Trajectory:
+    return Trajectory(
+        token_ids=(1, 2, 3, 4),
+        loss_mask=(0, 0, 1, 1),
+        logprobs=(None, None, -1.0, -1.0),
+        segments=(Segment(TokenSource.PROMPT, 0, 2, -1), Segment(TokenSource.MODEL, 2, 4, 0)),
+        messages=(Message("user", "task"), Message("assistant", "answer")),
+        rewards=() if reward is None else (reward,),
+        terminated=reward is not None,
+        stop_reason=StopReason.TERMINATED if reward is not None else StopReason.ENV_ERROR,
+        meta=meta,
+        policy_versions=(version,),
+    )

@@ -54,7 +54,10 @@ def renderer(tok):
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test on the Ray cluster fixture (tests/distributed/conftest.py) starts Ray: mark it ``ray``, so
     the fast tier (``-m "not slow and not ray and not gpu and not vllm"``, README "Testing") leaves it out
-    whoever writes the next one. A test that starts Ray another way carries ``@pytest.mark.ray`` itself."""
+    whoever writes the next one. A test that starts Ray another way carries ``@pytest.mark.ray`` itself. An
+``experiment`` test (an experiment-scale run) is ``slow`` too."""
     for item in items:
         if "cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.ray)
+        if item.get_closest_marker("experiment") is not None:
+            item.add_marker(pytest.mark.slow)  # an experiment-scale run is never in the fast tier

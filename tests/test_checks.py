@@ -115,6 +115,7 @@ def run_mypy(target: Path, cache_dir: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a cold mypy cache over the whole package, as run_mypy's own limit allows
 def test_mypy_strict_is_clean() -> None:
     tree = mypy_tree(ROOT / ".mypy_cache" / "agentrl-tree")
     out = run_mypy(tree.relative_to(ROOT), ROOT / ".mypy_cache" / "agentrl-tree-cache")

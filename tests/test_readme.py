@@ -21,8 +21,11 @@ def test_the_two_commands_open_the_readme():
         "bash .ci/setup && .venv/bin/agentrl train",
         "bash .ci/setup --dev && .venv/bin/python -m pytest -q",
     ]
+    # CI runs the same setup and the same pytest command, split in two tiers that together are the whole
+    # suite (test_ci_runs_the_fast_tier_first_then_exactly_the_rest).
     ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text()
-    assert commands[1] in ci
+    setup, pytest_cmd = commands[1].split(" && ")
+    assert f"\n{setup}\n" in ci and f"{pytest_cmd} " in ci
 
 
 def test_environment_example_runs():
@@ -98,3 +101,13 @@ def test_the_fast_tier_is_the_documented_one():
     ini = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     registered = {m.split(":", 1)[0] for m in ini["markers"]}
     assert set(re.findall(r"not (\w+)", expr)) == {"slow", "ray", "gpu", "vllm"} <= registered
+
+
+def test_ci_runs_the_fast_tier_first_then_exactly_the_rest():
+    """.ci/run is the whole suite in two tiers: .ci/fast's expression, failing fast, then its complement."""
+    root = Path(__file__).resolve().parents[1]
+    fast = re.search(r'-m "([^"]+)"', (root / ".ci" / "fast").read_text()).group(1)
+    run = (root / ".ci" / "run").read_text()
+    assert f'FAST="{fast}"' in run
+    tiers = re.findall(r"^tier (\w+) (.*)$", run, flags=re.M)
+    assert tiers == [("fast", '-x -m "$FAST" "$@"'), ("rest", '-m "not ($FAST)" "$@"')]

@@ -1,5 +1,7 @@
-"""One small Ray cluster per test module: a head with the learner and inference resources, two nodes with
-rollout and sandbox resources (so a node can be removed while the run goes on)."""
+"""One small Ray cluster for the whole session, shared by every module of tests/distributed (starting one per
+module cost each of seven modules a 3-node start): a head with the learner and inference resources, two nodes
+with rollout and sandbox resources (so a node can be removed while the run goes on). A test that changes the
+cluster (removes a node) gives it back as it found it; a test never calls ``ray.shutdown``."""
 
 import os
 
@@ -14,7 +16,7 @@ def add_rollout_node(cluster):
     return cluster.add_node(num_cpus=1, resources=dict(ROLLOUT_NODE), object_store_memory=80 * MB)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster():
     ray = pytest.importorskip("ray", reason="the Ray tests need the ray extra (bash .ci/setup --dev)")
     from ray.cluster_utils import Cluster

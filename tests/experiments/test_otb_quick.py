@@ -20,7 +20,7 @@ LAST_LINE = re.compile(
 )
 
 
-@pytest.mark.slow
+@pytest.mark.experiment
 @pytest.mark.timeout(1500)
 def test_quick_mode_runs_and_writes_finite_results(tmp_path):
     proc = subprocess.run(
