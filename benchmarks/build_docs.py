@@ -49,6 +49,11 @@ SECTIONS = [
         "`benchmarks/learner_throughput.py`",
         "the learner's update (packed) vs plain HF training on the same tokens: tokens/s, padding, memory",
     ),
+    (
+        "history",
+        "`benchmarks/quick.py`",
+        "the ratios that matter (rollout, learner, OTB, gateway, sandbox) per commit, and their plot",
+    ),
 ]
 
 

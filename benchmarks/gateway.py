@@ -69,7 +69,7 @@ async def serve() -> None:
     policy = make_policy(renderer)
     policy.calls = _NoList()  # ScriptedPolicy keeps every prompt; a long benchmark would keep them all
     build = server.build_app
-    server.build_app = lambda core: _Timed(build(core))  # type: ignore[assignment,return-value]
+    server.build_app = lambda core, **kw: _Timed(build(core, **kw))  # type: ignore[assignment,return-value]
     async with Gateway(policy, renderer) as gw:
         print(f"URL {gw.url}", flush=True)
         await asyncio.Event().wait()

@@ -87,7 +87,9 @@ def run(
             policy_loss="reinforce",
         ),
     )
-    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    # Each parameter once: a tied embedding is one tensor under two state-dict names (counting both
+    # overstated Qwen2.5-0.5B's 494 M parameters as 630 M in the first recorded JSON).
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
     steps = []
     for _ in range(2):
         if device == "cuda":
@@ -104,7 +106,7 @@ def run(
                 "loss": s.loss,
             }
         )
-    after = model.state_dict()
+    after = dict(model.named_parameters())
     changed = sum(int((after[k] != v).sum()) for k, v in before.items())
     total = sum(v.numel() for v in before.values())
     name = "bf16 master (pure bf16)" if master == torch.bfloat16 else "fp32 master + bf16 compute"

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -143,14 +144,12 @@ def _load(seed: int) -> tuple[Any, Any]:
     return loaded.model, loaded.tokenizer
 
 
-def rerun_step0(run: Path, seed: int, model: Any, tok: Any) -> dict[str, Any]:
-    """Step 0's rollout again, in this process, with the untrained weights and the trainer's seeding (the
-    real rollout path: env, sandbox, engine, per-episode streams); how many of its episodes sampled exactly
-    the tokens of the run's step 0, where other episodes shared their batches in another order."""
-    import asyncio
-
+async def step0_rollout(
+    seed: int, model: Any, tok: Any, clock: Callable[[], float] = time.perf_counter
+) -> tuple[float, list[Any]]:
+    """Step 0's rollout of the default run on the real path (env, bubblewrap sandbox, the HF engine) with
+    ``model``, the trainer's seeding and concurrency: ``(seconds on clock, trajectories)``."""
     import agentrl
-    from agentrl import read_trajectories
     from agentrl.chat import ChatRenderer
     from agentrl.policies import HFPolicy
     from agentrl.rollout import run_groups
@@ -159,36 +158,44 @@ def rerun_step0(run: Path, seed: int, model: Any, tok: Any) -> dict[str, Any]:
 
     cfg = TrainConfig(seed=seed)
     renderer = ChatRenderer(tok)
+    policy = HFPolicy(
+        model,
+        tok,
+        stop_token_ids=renderer.stop_token_ids,
+        max_batch_size=cfg.rollout.concurrency,
+        seed=cfg.seed,
+    )
+    pool = SandboxPool(LocalSandbox, size=cfg.rollout.concurrency)
+    async with pool:
+        t0 = clock()
+        trajs = [
+            done.trajectory
+            async for done in run_groups(
+                lambda: agentrl.make(cfg.env, sandbox_pool=pool),
+                policy,
+                renderer,
+                rollout_config(cfg, 0),
+                seeds=task_seeds(cfg.seed, 0, cfg.groups_per_step),
+                group_size=cfg.group_size,
+            )
+        ]
+        return clock() - t0, trajs
+
+
+def rerun_step0(run: Path, seed: int, model: Any, tok: Any) -> dict[str, Any]:
+    """Step 0's rollout again, in this process, with the untrained weights and the trainer's seeding (the
+    real rollout path: env, sandbox, engine, per-episode streams); how many of its episodes sampled exactly
+    the tokens of the run's step 0, where other episodes shared their batches in another order."""
+    import asyncio
+
+    from agentrl import read_trajectories
+
     before: dict[int | None, list[tuple[int, ...]]] = {}
     for t in read_trajectories(run / "trajectories.jsonl"):
         if t.meta.step == 0:
             before.setdefault(t.meta.seed, []).append(t.token_ids)
 
-    async def go() -> tuple[float, list[Any]]:
-        policy = HFPolicy(
-            model,
-            tok,
-            stop_token_ids=renderer.stop_token_ids,
-            max_batch_size=cfg.rollout.concurrency,
-            seed=cfg.seed,
-        )
-        pool = SandboxPool(LocalSandbox, size=cfg.rollout.concurrency)
-        async with pool:
-            t0 = time.perf_counter()
-            trajs = [
-                done.trajectory
-                async for done in run_groups(
-                    lambda: agentrl.make(cfg.env, sandbox_pool=pool),
-                    policy,
-                    renderer,
-                    rollout_config(cfg, 0),
-                    seeds=task_seeds(cfg.seed, 0, cfg.groups_per_step),
-                    group_size=cfg.group_size,
-                )
-            ]
-            return time.perf_counter() - t0, trajs
-
-    took, trajs = asyncio.run(go())
+    took, trajs = asyncio.run(step0_rollout(seed, model, tok))
     same = 0
     for t in trajs:
         pool_ = before.get(t.meta.seed, [])
@@ -203,13 +210,12 @@ def rerun_step0(run: Path, seed: int, model: Any, tok: Any) -> dict[str, Any]:
     }
 
 
-def floor_seconds(tokens: int, batch: int, seed: int, model: Any, tok: Any) -> dict[str, float]:
-    """Plain `model.generate` (sampling, temperature 1) at ``batch`` rows, ``tokens`` sampled tokens in all,
-    prompts rendered from the default env's step-0 tasks; a short warm-up first."""
+def step0_prompts(seed: int, tok: Any, batch: int) -> tuple[Any, Any, int]:
+    """The prompts of the default run's step 0 (its tasks x group size, the first ``batch``), left-padded for
+    ``model.generate``: ``(input ids, attention mask, pad id)``."""
     import asyncio
 
     import torch
-    from floor import sample_exactly
 
     import agentrl
     from agentrl.chat import ChatRenderer
@@ -231,6 +237,16 @@ def floor_seconds(tokens: int, batch: int, seed: int, model: Any, tok: Any) -> d
     pad = tok.pad_token_id if tok.pad_token_id is not None else renderer.stop_token_ids[0]
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask, pad
+
+
+def floor_seconds(tokens: int, batch: int, seed: int, model: Any, tok: Any) -> dict[str, float]:
+    """Plain `model.generate` (sampling, temperature 1) at ``batch`` rows, ``tokens`` sampled tokens in all,
+    prompts rendered from the default env's step-0 tasks; a short warm-up first."""
+    import torch
+    from floor import sample_exactly
+
+    ids, mask, pad = step0_prompts(seed, tok, batch)
     new = max(1, round(tokens / batch))
 
     def gen(n: int) -> float:

@@ -16,12 +16,21 @@ eval mode). A pack is rebuilt whenever its
 weight changed in place (the tensor's version counter: optimizer steps, ``copy_`` of new weights) or was
 replaced; :meth:`InferenceTwin.drop` frees the packs (they hold as much memory as the weights) and the next
 :meth:`InferenceTwin.refresh` rebuilds them.
+
+Whether a pack pays depends on the CPU, not only on the shape: on the Intel host the numbers above come
+from, the packed product was 3-4x faster; on an AMD EPYC (Zen 4) host of the same kind MKL's packed GEMM
+was no faster for the LM head and 1.7x slower for the MLP's matrices, while the plain product (which
+``model.generate`` uses) was twice as fast, so a twin packing every layer decoded at half the plain
+floor's speed (issue 46). :func:`pack_pays` therefore times both products once per weight shape in the
+process, and by default a twin packs only the layers whose shape measured faster packed.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
+import time
 from typing import Any
 
 import torch
@@ -30,7 +39,7 @@ from torch import nn
 
 from agentrl.errors import ConfigError
 
-__all__ = ["InferenceTwin", "packed_linear_available", "use_packed"]
+__all__ = ["InferenceTwin", "pack_pays", "packed_linear_available", "use_packed"]
 
 PACK_ROWS = 16
 """Rows a pack is built for: decode batches of up to this many rows use it (padded to it)."""
@@ -40,6 +49,9 @@ without packing), so the pack is skipped."""
 MAX_CHUNKS = 4
 """Inputs of up to this many packs' rows run as chunks on the pack (still faster than the plain product);
 longer ones (prefills) take the plain path, which is efficient at that size."""
+PAYS = 0.9
+"""A layer is packed by default only when its packed product takes at most this fraction of the plain
+one's time (a pack costs as much memory as the weight, so a tie is not worth it)."""
 
 _available: bool | None = None
 _HOOK_DICTS = (
@@ -73,6 +85,42 @@ def use_packed(requested: bool | None, device: torch.device, dtype: torch.dtype)
     if requested and not packed_linear_available():
         raise ConfigError("packed_weights=True needs a torch build with MKL's packed GEMM (x86 CPU)")
     return bool(requested)
+
+
+@functools.cache
+def pack_pays(out_features: int, in_features: int, rows: int = PACK_ROWS, threads: int = 0) -> bool:
+    """Whether a ``[rows, in_features] x [in_features, out_features]`` product is faster on a pack than the
+    plain product on this CPU (``threads``: the torch threads it was measured with, part of the cache key;
+    callers pass :func:`torch.get_num_threads`).
+
+    Measured once per shape and process on random weights: alternating timings of both products, the
+    fastest of each counted (the minimum is the least disturbed by other processes on a shared machine).
+    Takes well under a second for a 135M model's shapes (the LM head's dominates)."""
+    del threads  # only a cache key
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(out_features, in_features, generator=g)
+    x = torch.randn(rows, in_features, generator=g)
+    with torch.no_grad():
+        pack = torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
+
+        def plain() -> None:
+            F.linear(x, w)
+
+        def packed() -> None:
+            torch.ops.mkl._mkl_linear(x, pack, w, None, rows)
+
+        # Enough calls per timing for ~1 ms of work at the smallest shapes; one call for the LM head.
+        calls = max(1, min(64, (1 << 20) // max(1, out_features * in_features // 16)))
+        best = {plain: float("inf"), packed: float("inf")}
+        for fn in (plain, packed):
+            fn()  # warm-up (first-touch of the buffers)
+        for _ in range(5):
+            for fn in (plain, packed):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                best[fn] = min(best[fn], time.perf_counter() - t0)
+    return best[packed] <= PAYS * best[plain]
 
 
 class _PackedLinear(nn.Module):
@@ -137,10 +185,11 @@ class InferenceTwin:
     """A copy of ``model``'s module tree sharing all its tensors, whose fp32 CPU linears decode on packs.
 
     Use :attr:`module` like the model (same forward); call :meth:`refresh` before a forward (cheap when
-    nothing changed) and :meth:`drop` to give the packs' memory back.
+    nothing changed) and :meth:`drop` to give the packs' memory back. ``only_where_faster``: pack only the
+    layers whose shape :func:`pack_pays` on this CPU (the others run the plain product); else every one.
     """
 
-    def __init__(self, model: nn.Module, rows: int = PACK_ROWS):
+    def __init__(self, model: nn.Module, rows: int = PACK_ROWS, *, only_where_faster: bool = False):
         shared: dict[int, Any] = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
         config = getattr(model, "config", None)
         if config is not None:
@@ -150,10 +199,15 @@ class InferenceTwin:
         self.layers: list[_PackedLinear] = []
         for parent in list(self.module.modules()):
             for name, child in list(parent.named_children()):
-                if type(child) is nn.Linear and _packable(child.weight):
-                    packed = _PackedLinear(child, rows)
-                    setattr(parent, name, packed)
-                    self.layers.append(packed)
+                if type(child) is not nn.Linear or not _packable(child.weight):
+                    continue
+                out_features, in_features = child.weight.shape
+                threads = torch.get_num_threads()
+                if only_where_faster and not pack_pays(out_features, in_features, rows, threads):
+                    continue
+                packed = _PackedLinear(child, rows)
+                setattr(parent, name, packed)
+                self.layers.append(packed)
         # Forward hooks registered on the model's modules, now or later, run in the twin too (they get the
         # twin's module as their first argument).
         for name, original in model.named_modules():

@@ -124,3 +124,21 @@ def test_packed_weights_on_demand_needs_the_kernel(tok, monkeypatch):
         GenerationEngine(model, stop_token_ids=[NEVER], packed_weights=True)
     eng = GenerationEngine(model, stop_token_ids=[NEVER])  # auto: off without the kernel
     assert not eng.packed_weights and eng.stats().packed_bytes == 0
+
+
+def test_default_twin_packs_exactly_the_shapes_measured_faster_packed(tok):
+    # Whether a pack pays depends on the CPU (issue 46: on an AMD EPYC host MKL's packed GEMM lost to the
+    # plain product for most of SmolLM2's shapes), so the default twin asks pack_pays per shape.
+    model = tiny_model(tok, seed=10)
+    twin = InferenceTwin(model, only_where_faster=True)
+    threads = torch.get_num_threads()
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    want = {
+        id(m.weight) for m in linears if packed_mod.pack_pays(*m.weight.shape, packed_mod.PACK_ROWS, threads)
+    }
+    assert {id(layer.weight) for layer in twin.layers} == want
+    eng = GenerationEngine(model, stop_token_ids=[NEVER], seed=0)  # the default: measured per shape
+    assert eng._twin is not None and {id(x.weight) for x in eng._twin.layers} == want
+    twin.refresh()
+    ids = _ids(8, 1)  # one decode step of 8 rows: the packed path where a layer has a pack
+    assert torch.allclose(_logits(twin.module, ids), _logits(model, ids), atol=1e-4)
