@@ -127,6 +127,22 @@ class PlainLauncher:
         return _PlainProcess(proc)
 
 
+def _hint(stderr: str) -> str:
+    """What to change, for the two start-up failures a sandboxed server's stderr names plainly."""
+    if "execvp" in stderr or "No such file or directory" in stderr:
+        return (
+            "\n(a path above is not visible in the sandbox: bind it with "
+            "launcher=agentrl.sandbox.ProcessSandbox(Limits(), ro_binds=[...]), or sandboxed=False for a "
+            "server you trust)"
+        )
+    if "heap out of memory" in stderr or "Fatal process out of memory" in stderr:
+        return (
+            "\n(the server ran out of its address-space limit: raise it with "
+            "launcher=agentrl.sandbox.ProcessSandbox(Limits(memory_bytes=...)); Node.js needs about 1.5 GiB)"
+        )
+    return ""
+
+
 class ServerGone(Exception):
     """The server ended (exited, was killed, broke the protocol) while a call waited for it."""
 
@@ -225,7 +241,7 @@ class Session:
 
     def _stderr_note(self) -> str:
         tail = self.process.stderr_tail().strip() if self.process is not None else ""
-        return f"; its stderr ends with:\n{tail[-1500:]}" if tail else ""
+        return f"; its stderr ends with:\n{tail[-1500:]}{_hint(tail)}" if tail else ""
 
     def describe_end(self) -> str:
         """Why the server is gone, with its exit status and the end of its stderr."""
