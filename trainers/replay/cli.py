@@ -248,6 +248,9 @@ def _print_reexec(reports: Sequence[ReexecReport]) -> None:
         if r.error:
             print(f"{head}: COULD NOT REPLAY: {r.error}")
             continue
+        if r.not_reexecutable:
+            print(f"{head}: NOT RE-EXECUTABLE: {r.not_reexecutable}")
+            continue
         n = len(r.calls)
         print(f"{head}: {n} tool call(s), {'all identical' if r.ok else 'DIFFERENT'}")
         if r.actions_source == "none":
@@ -279,13 +282,32 @@ def _print_reexec(reports: Sequence[ReexecReport]) -> None:
             )
     cut = sum(r.rollout_end is not None and r.end_matches for r in reports)
     same = sum(r.ok for r in reports)
-    print(f"reexec: {same} of {len(reports)} trajectories replayed identically")
+    never = sum(bool(r.not_reexecutable) and not r.error for r in reports)
+    differ = len(reports) - same - never
+    print(
+        f"reexec: {same} of {len(reports)} trajectories replayed identically, {differ} differed or failed, "
+        f"{never} not re-executable"
+    )
     if cut:
         print(
             f"  {cut} of them were ended by the rollout's own limit (turn_tokens, max_tokens, max_turns, "
             "template_mismatch), recorded truncated: the env never saw that end, so their replays end "
             "(terminated, truncated) = (False, False), as expected"
         )
+    compacted = {r.episode_id for r in reports if r.recorded_compacted and not r.not_reexecutable}
+    if compacted:
+        print(
+            f"  {len(compacted)} compacted episode(s) were re-executed sample by sample, each through one "
+            "env (a later sample starts from the context the env compacted to)"
+        )
+
+
+def reexec_status(reports: Sequence[ReexecReport]) -> int:
+    """``--reexec``'s exit status: 1 when a replay differed or failed, else 3 when some record cannot be
+    re-executed by design (nothing differed, nothing was checked there either), else 0."""
+    if any(not r.ok and not r.not_reexecutable for r in reports):
+        return 1
+    return 3 if any(r.not_reexecutable for r in reports) else 0
 
 
 def _print_rescore(reports: Sequence[RescoreReport]) -> None:
@@ -293,6 +315,9 @@ def _print_rescore(reports: Sequence[RescoreReport]) -> None:
     for r in reports:
         if r.error:
             print(f"trajectory {r.index}: COULD NOT RESCORE: {r.error}")
+            continue
+        if r.not_reexecutable:
+            print(f"trajectory {r.index}: NOT RE-EXECUTABLE: {r.not_reexecutable}")
             continue
         rec = ", ".join(f"{x:g}" for x in r.recorded_rewards) or "none"
         new = ", ".join("-" if x is None else f"{x:g}" for x in r.replayed_rewards) or "none"
@@ -482,19 +507,21 @@ def run(ns: argparse.Namespace) -> int:
                 concurrency=ns.concurrency,
                 env_kwargs=env_kwargs,
                 tokenizer=tokenizer() if needs_tok else None,
+                pool=rn.trajectories,  # a later sample is re-executed after its episode's earlier ones
             )
         )
         if ns.reexec:
             out["reexec"] = _jsonable(rex)
             emit.append(lambda: _print_reexec(rex))
-            if any(not r.ok for r in rex):
-                rc = 1
+            rc = 1 if rc == 1 else reexec_status(rex)
         if ns.rescore:
             resc = [RescoreReport.from_reexec(r, t) for r, t in zip(rex, trajs, strict=True)]
             out["rescore"] = _jsonable(resc)
             emit.append(lambda: _print_rescore(resc))
-            if any(not r.matches for r in resc):
+            if any(not r.matches and not r.not_reexecutable for r in resc):
                 rc = 1
+            elif rc == 0 and any(r.not_reexecutable for r in resc):
+                rc = 3
 
     if ns.show is not None:
         k = ns.show
