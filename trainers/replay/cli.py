@@ -243,13 +243,16 @@ def _print_reexec(reports: Sequence[ReexecReport]) -> None:
             "handed to Env.step); replayed the model turns decoded from their tokens instead: those ending "
             "with a stop token, which are exactly the turns the rollout handed to the env"
         )
+    reasons: set[str] = set()
     for r in reports:
         head = f"trajectory {r.index} (episode {r.episode_id[:12]}, {r.env_id} seed {r.seed})"
         if r.error:
             print(f"{head}: COULD NOT REPLAY: {r.error}")
             continue
         if r.not_reexecutable:
-            print(f"{head}: NOT RE-EXECUTABLE: {r.not_reexecutable}")
+            said = r.not_reexecutable in reasons
+            reasons.add(r.not_reexecutable)
+            print(f"{head}: NOT RE-EXECUTABLE: {'as above' if said else r.not_reexecutable}")
             continue
         n = len(r.calls)
         print(f"{head}: {n} tool call(s), {'all identical' if r.ok else 'DIFFERENT'}")
@@ -496,7 +499,9 @@ def run(ns: argparse.Namespace) -> int:
             except json.JSONDecodeError as e:
                 raise ConfigError(f"--env-kwargs is not JSON: {e}") from e
         else:
-            env_kwargs = env_arguments(train_config(rn)) if rn.run_dir is not None else {}
+            # An agent run's --env is only its task source (maybe a .jsonl file): nothing is re-executed.
+            run_cfg = train_config(rn) if rn.run_dir is not None else None
+            env_kwargs = env_arguments(run_cfg) if run_cfg is not None and run_cfg.agent is None else {}
         if not isinstance(env_kwargs, dict):
             raise ConfigError("--env-kwargs must be a JSON object")
         needs_tok = any(not t.actions for t in trajs)

@@ -30,6 +30,7 @@ from agentrl.replay import actions_of, model_segments, turn_layout
 from agentrl.types import Action, Message, StopReason, ToolRecord, Trajectory
 
 __all__ = [
+    "AGENT_RECORD",
     "ROLLOUT_ENDS",
     "CallReplay",
     "ReexecReport",
@@ -43,6 +44,15 @@ __all__ = [
     "rescore",
 ]
 
+
+AGENT_RECORD = (
+    "an agent drove this episode through the gateway (agentrl gateway, train --agent): the agent ran its own "
+    "tools and computed its own reward, outside any env, so there is no Env.step to run again (--env was "
+    "only its task source). Check what the run did record instead: --check (token fidelity), --recompute "
+    "(the sampler's log-probs against the weights), --step N (the update); to test the agent, run it again "
+    "(agentrl train --agent ... --steps 1) or evaluate its checkpoint"
+)
+"""Why a gateway record (``meta.extra["session_id"]``) is not re-executed."""
 
 ROLLOUT_ENDS = frozenset(
     {StopReason.TURN_TOKENS, StopReason.MAX_TOKENS, StopReason.MAX_TURNS, StopReason.TEMPLATE_MISMATCH}
@@ -261,6 +271,8 @@ async def areexec(
     (:func:`areexec_episode`); alone it is reported ``not_reexecutable``.
     """
     m = traj.meta
+    if m.extra.get("session_id") is not None:
+        return _unreplayed(traj, index, m.env_id, not_reexecutable=AGENT_RECORD)
     if m.sample_index > 0:
         _, env_id = _env_factory(traj, env_kwargs, env_factory)
         return _unreplayed(
@@ -537,7 +549,7 @@ async def areexec_many(
 
     async def one(i: int, t: Trajectory) -> ReexecReport:
         m = t.meta
-        if m.num_samples > 1 and m.episode_id in by_episode:
+        if m.num_samples > 1 and m.episode_id in by_episode and m.extra.get("session_id") is None:
             if m.episode_id not in episodes:
                 episodes[m.episode_id] = asyncio.ensure_future(chain(m.episode_id))
             reports = await episodes[m.episode_id]
