@@ -161,3 +161,30 @@ async def test_a_refused_program_is_a_config_error_before_anything_starts(tmp_pa
         assert await proc.wait() == 0
     finally:
         await proc.kill()
+
+
+@pytest.mark.slow  # a fresh interpreter imports the SDK: seconds
+def test_a_url_with_nothing_listening_is_one_clear_error(tmp_path: Path) -> None:
+    # Issue 47: the SandboxError came wrapped in task groups, and asyncio printed a second traceback.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    script = tmp_path / "connect.py"
+    script.write_text(
+        "import asyncio\n"
+        "from agentrl.tools.mcp import MCPServer\n"
+        "async def main():\n"
+        f"    async with MCPServer(url='http://127.0.0.1:{port}/mcp', start_timeout=20) as s:\n"
+        "        await s.tools()\n"
+        "asyncio.run(main())\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"agentrl.errors.SandboxError: the MCP server http://127.0.0.1:{port}/mcp failed to start: "
+        "ConnectError('All connection attempts failed')"
+    ), out.stderr
+    assert "never retrieved" not in out.stderr and "ExceptionGroup" not in last
