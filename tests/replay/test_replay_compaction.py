@@ -91,3 +91,15 @@ def test_a_sample_without_its_earlier_samples_is_not_re_executable(renderer, tmp
     assert cli_main(["replay", str(tmp_path / "t.jsonl"), "--reexec", "--env-kwargs", kwargs]) == 3
     both = _write(tmp_path / "v.jsonl", [*samples[1:], first])
     assert cli_main(["replay", str(both), "--reexec", "--env-kwargs", kwargs]) == 1
+
+
+def test_a_bare_file_without_env_kwargs_says_to_pass_them(renderer, tmp_path, capsys):
+    # Issue 47: the env was built with settings in Python; a bare file does not record them.
+    path = _write(tmp_path / "t.jsonl", _episode(renderer, "env-compaction", seed=3))
+    capsys.readouterr()
+    assert cli_main(["replay", str(path), "--reexec"]) == 1  # long-chain-v0's defaults: another task
+    out = capsys.readouterr().out
+    assert "records the env's id but not the arguments it was built with" in out
+    assert "pass them: --env-kwargs" in out
+    rc, out = _replay(path, "env-compaction", capsys)  # with them: identical, and no note
+    assert rc == 0 and "--env-kwargs" not in out

@@ -305,6 +305,13 @@ def _print_reexec(reports: Sequence[ReexecReport]) -> None:
         )
 
 
+NO_ENV_KWARGS = (
+    "note: a trajectories file outside a run directory records the env's id but not the arguments it was "
+    "built with (a run's config.json has them); if the env was made with settings in Python "
+    "(agentrl.make(id, k=...), MyEnv(k=...)), pass them: --env-kwargs '{\"k\": ...}'"
+)
+
+
 def reexec_status(reports: Sequence[ReexecReport]) -> int:
     """``--reexec``'s exit status: 1 when a replay differed or failed, else 3 when some record cannot be
     re-executed by design (nothing differed, nothing was checked there either), else 0."""
@@ -527,6 +534,9 @@ def run(ns: argparse.Namespace) -> int:
                 rc = 1
             elif rc == 0 and any(r.not_reexecutable for r in resc):
                 rc = 3
+        if rn.run_dir is None and not ns.env_kwargs and any(not r.ok and not r.not_reexecutable for r in rex):
+            # A bare trajectories file records the env's id, not the arguments it was built with.
+            emit.append(lambda: print(NO_ENV_KWARGS))
 
     if ns.show is not None:
         k = ns.show
