@@ -60,7 +60,9 @@ def test_a_compacted_episode_replays_sample_by_sample(renderer, tmp_path, capsys
     path = _write(tmp_path / "t.jsonl", samples)
     rc, out = _replay(path, mode, capsys)
     assert rc == 0, out
-    assert "reexec: 3 of 3 trajectories replayed identically, 0 differed or failed, 0 not re-executable" in out
+    assert (
+        "reexec: 3 of 3 trajectories replayed identically, 0 differed or failed, 0 not re-executable" in out
+    )
     assert "1 compacted episode(s) were re-executed sample by sample" in out
     # Only the last sample asked for: its earlier samples still come from the file, so it replays too.
     rc, out = _replay(path, mode, capsys, "--show", "2")
@@ -82,7 +84,9 @@ def test_a_sample_without_its_earlier_samples_is_not_re_executable(renderer, tmp
     rc, out = _replay(path, "env-compaction", capsys)
     assert rc == 3, out
     assert "NOT RE-EXECUTABLE: sample 1 of episode" in out and "needs its samples 0..0" in out
-    assert "reexec: 0 of 2 trajectories replayed identically, 0 differed or failed, 2 not re-executable" in out
+    assert (
+        "reexec: 0 of 2 trajectories replayed identically, 0 differed or failed, 2 not re-executable" in out
+    )
     # A real difference still wins: exit 1.
     (first,) = [t for t in read_trajectories(_write(tmp_path / "u.jsonl", samples[:1]))]
     rc, out = _replay(tmp_path / "u.jsonl", "env-compaction", capsys)

@@ -33,7 +33,13 @@ from agentrl import replay
 from agentrl.errors import ConfigError
 from agentrl.trainers.replay.credit import advantages_of_step
 from agentrl.trainers.replay.recompute import recompute, recompute_run
-from agentrl.trainers.replay.reexec import ReexecReport, RescoreReport, areexec_many
+from agentrl.trainers.replay.reexec import (
+    NO_ENV_KWARGS,
+    ReexecReport,
+    RescoreReport,
+    areexec_many,
+    reexec_status,
+)
 from agentrl.trainers.replay.reproduce import StepReport, reproduce_step
 from agentrl.trainers.replay.weights import find_tokenizer, train_config
 from agentrl.trainers.train_setup import env_arguments
@@ -303,21 +309,6 @@ def _print_reexec(reports: Sequence[ReexecReport]) -> None:
             f"  {len(compacted)} compacted episode(s) were re-executed sample by sample, each through one "
             "env (a later sample starts from the context the env compacted to)"
         )
-
-
-NO_ENV_KWARGS = (
-    "note: a trajectories file outside a run directory records the env's id but not the arguments it was "
-    "built with (a run's config.json has them); if the env was made with settings in Python "
-    "(agentrl.make(id, k=...), MyEnv(k=...)), pass them: --env-kwargs '{\"k\": ...}'"
-)
-
-
-def reexec_status(reports: Sequence[ReexecReport]) -> int:
-    """``--reexec``'s exit status: 1 when a replay differed or failed, else 3 when some record cannot be
-    re-executed by design (nothing differed, nothing was checked there either), else 0."""
-    if any(not r.ok and not r.not_reexecutable for r in reports):
-        return 1
-    return 3 if any(r.not_reexecutable for r in reports) else 0
 
 
 def _print_rescore(reports: Sequence[RescoreReport]) -> None:

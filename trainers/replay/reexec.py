@@ -31,6 +31,7 @@ from agentrl.types import Action, Message, StopReason, ToolRecord, Trajectory
 
 __all__ = [
     "AGENT_RECORD",
+    "NO_ENV_KWARGS",
     "ROLLOUT_ENDS",
     "CallReplay",
     "ReexecReport",
@@ -41,6 +42,7 @@ __all__ = [
     "areexec_many",
     "arescore",
     "reexec",
+    "reexec_status",
     "rescore",
 ]
 
@@ -568,3 +570,18 @@ async def areexec_many(
             return await areexec(t, index=i, **kwargs)
 
     return list(await asyncio.gather(*(one(i, t) for i, t in zip(idx, trajectories, strict=True))))
+
+
+NO_ENV_KWARGS = (
+    "note: a trajectories file outside a run directory records the env's id but not the arguments it was "
+    "built with (a run's config.json has them); if the env was made with settings in Python "
+    "(agentrl.make(id, k=...), MyEnv(k=...)), pass them: --env-kwargs '{\"k\": ...}'"
+)
+
+
+def reexec_status(reports: Sequence[ReexecReport]) -> int:
+    """``--reexec``'s exit status: 1 when a replay differed or failed, else 3 when some record cannot be
+    re-executed by design (nothing differed, nothing was checked there either), else 0."""
+    if any(not r.ok and not r.not_reexecutable for r in reports):
+        return 1
+    return 3 if any(r.not_reexecutable for r in reports) else 0
