@@ -292,9 +292,9 @@ def add_config_arguments(
                 "option of the one picked (an option it does not have is an error).".replace("%", "%%"),
             )
         target = groups.get(s.choice_path or s.path, parser)
-        flags = [f"--{s.name}"]
-        if "_" in s.name:
-            flags.append(f"--{s.name.replace('_', '-')}")
+        # The hyphen form first: argparse's usage and help show the first (the docs spell flags so); the
+        # underscore form stays accepted.
+        flags = [f"--{s.name.replace('_', '-')}", f"--{s.name}"]
         if s.path in reverse:
             flags.append(f"--{reverse[s.path]}")
         text, metavar, is_bool = _help(s)

@@ -202,6 +202,30 @@ class StepDraws:
             and self.with_signal < self.groups_per_step
         )
 
+    def report(self, step: int) -> str | None:
+        """The console line of a step whose draws dynamic sampling changed (groups filtered, refills drawn):
+        what was drawn, kept and filtered, and what the step trains on; None when it changed nothing (or is
+        off). A step left with no group with signal says plainly that it makes no update."""
+        if not self.enabled or (self.filtered == 0 and self.drawn <= self.groups_per_step):
+            return None
+        refills = self.drawn - self.groups_per_step
+        zero, few = self.verdicts[GroupVerdict.ZERO_VARIANCE], self.verdicts[GroupVerdict.TOO_FEW_USABLE]
+        filtered = f"filtered {zero} whose members all got the same reward"
+        if few:
+            filtered += f" and {few} with fewer than 2 usable members (infrastructure failures)"
+        line = (
+            f"step {step}: dynamic sampling drew {self.drawn} groups ({self.groups_per_step} + {refills} "
+            f"refill(s)), kept {self.with_signal} with reward signal, {filtered}; "
+        )
+        cap = f"the --dynamic-sampling.max-draws cap ({self.max_draws} draws) was reached"
+        if self.with_signal == 0:
+            return line + f"{cap} with none, so no update this step"
+        if self.with_signal < self.groups_per_step:
+            return (
+                line + f"{cap} first: training on those {self.with_signal} (of {self.groups_per_step} wanted)"
+            )
+        return line + f"training on those {self.with_signal}"
+
     @property
     def complete(self) -> bool:
         """Nothing is running and nothing more will be drawn: the step can train."""

@@ -37,7 +37,8 @@ def is_file_reference(where: str) -> bool:
 
 
 def load_module(where: str) -> ModuleType:
-    """Import ``where``: a ``.py`` file (once per process) or a module importable from ``sys.path``.
+    """Import ``where``: a ``.py`` file (once per process; its folder is put on ``sys.path`` first, as for a
+    script) or a module importable from ``sys.path``.
 
     Raises :class:`ConfigError` saying what was tried and why it failed.
     """
@@ -74,6 +75,10 @@ def _load_file(file: Path) -> ModuleType:
         raise ConfigError(f"tried to load the file {key!r}: Python cannot import it as a module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses and pickling look modules up by name
+    # As Python does for a script: the file's folder goes first on sys.path, so a module beside it imports
+    # (and stays importable: the file may import it lazily, later).
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
     try:
         spec.loader.exec_module(module)
     except Exception as e:

@@ -120,9 +120,16 @@ _STYLES = (("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."))
 rewards) stay distinguishable."""
 
 
-def plot_run(run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None) -> list[Path]:
+def plot_run(
+    run_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str] | None = None,
+    *,
+    skipped: list[str] | None = None,
+) -> list[Path]:
     """Write one PNG per metric group of :data:`PLOT_GROUPS` that has data, and ``held_out.png`` when the
-    run has its evaluation (``eval.json``); return their paths."""
+    run has its evaluation (``eval.json``); return their paths. A group whose every value is 0 (staleness in
+    a synchronous run, tool calls of an env without tools) is not drawn as a flat line: its name goes to
+    ``skipped`` when given."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -144,6 +151,10 @@ def plot_run(run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | 
             if any(isinstance(r.get(k), int | float) for r in rows)
         }
         if not series:
+            continue
+        if all(y == 0 for pts in series.values() for _, y in pts):
+            if skipped is not None:
+                skipped.append(name)
             continue
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for i, (k, pts) in enumerate(series.items()):

@@ -9,7 +9,7 @@ each live in :mod:`agentrl.testing`. The *implementations* live elsewhere: sandb
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -289,8 +289,8 @@ class Tool(Protocol):
 class TrajectoryStore(Protocol):
     """Append-only storage of trajectories."""
 
-    async def append(self, trajectory: Trajectory) -> None:
-        """Persist one trajectory durably (flushed before returning)."""
+    def append(self, trajectory: Trajectory) -> Awaitable[None]:
+        """Persist one trajectory durably (flushed before the awaitable completes; ``async def`` is fine)."""
         ...
 
     def read(self) -> Iterator[Trajectory]:

@@ -25,10 +25,10 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TextIO
+from typing import Any, Literal, TextIO
 
 from agentrl.errors import SchemaError, StoreError
 from agentrl.groups import TrajectoryGroup, group_trajectories
@@ -69,6 +69,19 @@ class StoreIssue:
     """1-based line number."""
     reason: str
     """What was wrong with it."""
+
+
+class _Written:
+    """An awaitable that is already done: what :meth:`JsonlStore.append` returns after writing."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # a generator that finishes at once: ``await`` gets None without suspending
+
+
+_WRITTEN = _Written()
 
 
 class JsonlStore:
@@ -133,9 +146,13 @@ class JsonlStore:
             if self.fsync:
                 os.fsync(fh.fileno())
 
-    async def append(self, trajectory: Trajectory) -> None:
-        """Append one trajectory; returns once the line is flushed to the OS."""
+    def append(self, trajectory: Trajectory) -> Awaitable[None]:
+        """Append one trajectory, flushed to the OS before this returns; ``await store.append(t)`` as the
+        :class:`~agentrl.protocols.TrajectoryStore` contract reads. The write happens at the call, not at
+        the ``await``: an ``append`` someone forgot to await still writes (an ``async def`` would silently
+        write nothing)."""
         self.write(trajectory)
+        return _WRITTEN
 
     def read(self, *, issues: list[StoreIssue] | None = None) -> Iterator[Trajectory]:
         """Iterate over the stored trajectories (see :func:`read_trajectories`)."""

@@ -10,7 +10,8 @@ pipes::
               └── pid 2: the program (argv), stdin/stdout/stderr are pipes to the host
 
 What the program gets (the local sandbox's layout, see ``sandbox/README.md``): an empty read-only root with
-read-only ``/usr``, this Python installation and its venv, the files named on its command line and
+read-only ``/usr``, this Python installation and its venv, the installation the program itself lives in
+(its venv and base Python, its ``node_modules``: ``_program.py``), the files named on its command line and
 ``ro_binds``; a size-capped tmpfs ``/tmp`` (its working directory and ``$HOME``); no network (a fresh
 network namespace with only ``lo``); an allow-listed environment plus ``env``; a memory cgroup
 (``memory_bytes + scratch_bytes``) and a pids cgroup (``max_processes``) where the host lets us create them,
@@ -40,14 +41,19 @@ from agentrl.execution import Limits
 
 from . import _cgroup, _seccomp
 from ._layout import SANDBOX_UID, python_layout, sandbox_env
+from ._program import program_layout
 
-__all__ = ["ProcessSandbox", "SandboxedProcess"]
+__all__ = ["DEFAULT_LIMITS", "NODE_DEFAULT_LIMITS", "ProcessSandbox", "SandboxedProcess"]
 
 log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 DEFAULT_LIMITS = Limits(memory_bytes=1024 * MiB, max_processes=64, scratch_bytes=64 * MiB)
 """A server imports more than a REPL cell does (an MCP server in Python maps ~400 MB of address space)."""
+NODE_DEFAULT_LIMITS = Limits(memory_bytes=2048 * MiB, max_processes=64, scratch_bytes=64 * MiB)
+"""What a Node.js program gets when no ``limits`` were given: V8 reserves address space up front, and
+``@modelcontextprotocol/server-everything`` dies with "JavaScript heap out of memory" under a 1 GiB
+``RLIMIT_AS`` (it starts at 1.5 GiB; 2026-11-27, this 2-core machine)."""
 _STDERR_TAIL = 8192
 
 
@@ -68,7 +74,8 @@ class ProcessSandbox:
 
     Args:
         limits: memory, process, file-size and scratch limits (``wall_s`` is not used: see the module
-            docstring). ``network=True`` is refused: the program never reaches a network.
+            docstring). Default: ``DEFAULT_LIMITS``, or ``NODE_DEFAULT_LIMITS`` for a program Node.js
+            runs. ``network=True`` is refused: the program never reaches a network.
         ro_binds: extra host paths (files or directories) the program may read, at the same path.
         env: extra environment variables (the rest is an allow-list; nothing leaks from the host).
         bind_argv_files: also expose, read-only, each file named on the command line (the server's script).
@@ -82,6 +89,7 @@ class ProcessSandbox:
         env: Mapping[str, str] | None = None,
         bind_argv_files: bool = True,
     ):
+        self._default_limits = limits is None
         self.limits = limits if limits is not None else DEFAULT_LIMITS
         if not isinstance(self.limits, Limits):
             raise ConfigError(f"limits must be a Limits, got {type(limits).__name__}")
@@ -105,12 +113,16 @@ class ProcessSandbox:
 
         Args:
             argv: the program and its arguments; a relative program name is looked up on the host's
-                ``PATH`` (it must live somewhere the sandbox can see: ``/usr``, this venv, ``ro_binds``).
+                ``PATH``. Besides ``/usr``, this venv and ``ro_binds``, the sandbox binds read-only the
+                installation the program and its ``#!`` interpreter live in (a venv with its base Python,
+                a ``node_modules`` tree): see ``sandbox/_program.py``.
             env: more environment variables for this process.
             stream_limit: the longest line ``stdout.readline()`` returns (longer lines raise ``ValueError``).
 
         Raises:
-            ConfigError: an empty ``argv`` or a program that does not exist.
+            ConfigError: an empty ``argv``, a program that does not exist, or one whose interpreter lies
+                outside every installation layout the sandbox binds by itself (the message names the path
+                and the ``ro_binds=`` fix).
             SandboxError: bubblewrap is missing or the sandbox could not be set up.
         """
         if not argv or not all(isinstance(a, str) for a in argv):
@@ -125,6 +137,10 @@ class ProcessSandbox:
                 if (os.sep in arg or arg.endswith(".py")) and os.path.isfile(arg):
                     args[i] = os.path.abspath(arg)  # the sandbox's working directory is /tmp
                     binds.append(args[i])
+        _, layout_binds, _ = python_layout()
+        # The program's own installation (a venv of its own, an npm prefix), or a ConfigError naming it.
+        program = program_layout(args, [*layout_binds, *binds])
+        binds += program.binds
         bwrap = shutil.which("bwrap") or ("/usr/bin/bwrap" if os.access("/usr/bin/bwrap", os.X_OK) else None)
         if bwrap is None:
             raise SandboxError("bubblewrap (bwrap) is not installed; apt install bubblewrap")
@@ -134,6 +150,8 @@ class ProcessSandbox:
                 "prlimit (util-linux) is not installed; it sets the sandboxed process's rlimits"
             )
         lim = self.limits
+        if self._default_limits and program.is_node:
+            lim = NODE_DEFAULT_LIMITS
         try:
             cgroup = _cgroup.manager().create(lim.memory_bytes + lim.scratch_bytes, lim.max_processes)
         except OSError as e:
@@ -146,7 +164,6 @@ class ProcessSandbox:
             seccomp = _seccomp.deny_filter()
             if seccomp is not None:
                 fds.append(_data_fd(seccomp))
-            _, layout_binds, _ = python_layout()
             a = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net"]
             a += ["--unshare-cgroup-try", "--disable-userns", "--die-with-parent", "--new-session"]
             a += ["--hostname", "sandbox", "--uid", str(uid), "--gid", str(uid), "--ro-bind", "/usr", "/usr"]

@@ -127,6 +127,35 @@ class PlainLauncher:
         return _PlainProcess(proc)
 
 
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _leaves(e: BaseException) -> str:
+    """What went wrong, without the task groups' wrapping: ``ConnectError('All connection attempts
+    failed')``, not ``ExceptionGroup('unhandled errors in a TaskGroup', [ExceptionGroup(...)])``."""
+    if isinstance(e, BaseExceptionGroup):
+        return "; ".join(_leaves(x) for x in e.exceptions)
+    return repr(e)
+
+
+def _hint(stderr: str) -> str:
+    """What to change, for the two start-up failures a sandboxed server's stderr names plainly."""
+    if "execvp" in stderr or "No such file or directory" in stderr:
+        return (
+            "\n(a path above is not visible in the sandbox: bind it with "
+            "launcher=agentrl.sandbox.ProcessSandbox(Limits(), ro_binds=[...]), or sandboxed=False for a "
+            "server you trust)"
+        )
+    if "heap out of memory" in stderr or "Fatal process out of memory" in stderr:
+        return (
+            "\n(the server ran out of its address-space limit: raise it with "
+            "launcher=agentrl.sandbox.ProcessSandbox(Limits(memory_bytes=...)); Node.js needs about 1.5 GiB)"
+        )
+    return ""
+
+
 class ServerGone(Exception):
     """The server ended (exited, was killed, broke the protocol) while a call waited for it."""
 
@@ -194,15 +223,19 @@ class Session:
             if isinstance(e, asyncio.CancelledError):
                 raise
             raise SandboxError(
-                f"the MCP server {self.label} failed to start: {e!r}{self._stderr_note()}"
+                f"the MCP server {self.label} failed to start: {_leaves(e)}{self._stderr_note()}"
             ) from e
 
     async def _run(self, ready: asyncio.Future[None]) -> None:
         from mcp import ClientSession
 
+        init: asyncio.Future[Any] | None = None
         try:
             async with self._transport(self) as (read, write), ClientSession(read, write) as client:
-                init: asyncio.Future[Any] = asyncio.ensure_future(client.initialize())
+                init = asyncio.ensure_future(client.initialize())
+                # A transport that fails (nothing listening) ends it with an error this task never reads:
+                # read it here, or asyncio prints "Task exception was never retrieved" and its traceback.
+                init.add_done_callback(_retrieve)
                 pending: set[asyncio.Future[Any]] = {init, self.ended}
                 await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 if not init.done():
@@ -222,10 +255,12 @@ class Session:
         finally:
             self._client = None
             self.end("the session was closed")
+            if init is not None and not init.done():
+                init.cancel()
 
     def _stderr_note(self) -> str:
         tail = self.process.stderr_tail().strip() if self.process is not None else ""
-        return f"; its stderr ends with:\n{tail[-1500:]}" if tail else ""
+        return f"; its stderr ends with:\n{tail[-1500:]}{_hint(tail)}" if tail else ""
 
     def describe_end(self) -> str:
         """Why the server is gone, with its exit status and the end of its stderr."""

@@ -257,8 +257,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ns.command == "plot":
             from agentrl.metrics import plot_run
 
-            for p in plot_run(ns.run, ns.out):
+            skipped: list[str] = []
+            for p in plot_run(ns.run, ns.out, skipped=skipped):
                 print(p)
+            if skipped:
+                print(f"not plotted, every value 0 in this run: {', '.join(skipped)}")
             return 0
         if ns.command == "replay":
             from agentrl.trainers import replay

@@ -96,7 +96,22 @@ def export_merged(
 
 
 def run(ns: argparse.Namespace) -> int:
-    """Run ``agentrl export``."""
+    """Run ``agentrl export``: it says which checkpoint it wrote out, and how (merged or copied)."""
     dest = export_merged(ns.run, ns.merged, step=ns.step, dtype=ns.dtype)
+    print(describe_export(dest))
     print(f"wrote {dest} (load it with transformers.AutoModelForCausalLM.from_pretrained or vllm serve)")
     return 0
+
+
+def describe_export(dest: Path) -> str:
+    """What :func:`export_merged` wrote into ``dest``, from its ``agentrl_export.json``: the checkpoint (its
+    step), and the base a LoRA adapter was merged into."""
+    from agentrl.run import checkpoint_step
+
+    note = json.loads((dest / "agentrl_export.json").read_text())
+    source = Path(note.get("merged_from") or note["copied_from"]).parent
+    step = checkpoint_step(source.name)
+    which = f"checkpoint {source}" + (f" (after {step} steps)" if step is not None else "")
+    if "merged_from" in note:
+        return f"merged the LoRA adapter (rank {note['lora_rank']}) of {which} into its base {note['base']}"
+    return f"copied the weights of {which}"

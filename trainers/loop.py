@@ -303,15 +303,13 @@ async def run_steps(s: Session, after_step: Callable[[int], Awaitable[None]]) ->
                     usable.append(u)
                     trained.append(seed)
             sampler.observe(k, groups)
-            if step_draws.capped:
-                print(
-                    f"step {k}: drew the most groups --dynamic-sampling.max-draws allows ({step_draws.drawn})"
-                    f" and {step_draws.with_signal} of {B} had reward signal; training on those"
-                )
+            drawn_note = step_draws.report(k)  # what dynamic sampling drew, kept, filtered (None: off)
+            if drawn_note is not None:
+                print(drawn_note)
             update: dict[str, float] = {}
             if usable:
                 update = await runtime.update(k, usable)
-            else:
+            elif drawn_note is None:
                 print(f"step {k}: no group to train on (every episode failed, or none had signal); no update")
             t_publish = time.perf_counter()
             await runtime.publish(k + 1, StepOutcome(k, tuple(trained), tuple(dropped)))

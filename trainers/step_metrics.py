@@ -43,12 +43,31 @@ def token_limit_warning(trajs: Sequence[Trajectory], rollout: RolloutConfig) -> 
         if turn >= total
         else ("--rollout.max-total-tokens", rollout.max_total_tokens)
     )
+    # A turn cut mid-way holds exactly as many tokens as the limit that cut it: fewer than
+    # --rollout.max-new-tokens means a lower limit did, the max_tokens an agent's own requests asked for
+    # (behind the gateway).
+    cut = {_last_turn_len(t) for t in ok if t.stop_reason is StopReason.TURN_TOKENS}
+    own = "/".join(str(n) for n in sorted(cut) if 0 < n < rollout.max_new_tokens)
+    at = f"the agent's own max_tokens={own}" if own else f"max_new_tokens={rollout.max_new_tokens}"
+    fix = f"Raise {flag} (now {value}) if the env needs longer answers"
+    if own and turn >= total:
+        fix = (
+            f"The agent's requests asked for max_tokens={own}, below --rollout.max-new-tokens "
+            f"({rollout.max_new_tokens}): raise max_tokens in the agent if the task needs longer answers"
+        )
     return (
-        f"warning: {turn + total} of {len(ok)} episodes ended at a token limit ({turn} cut mid-turn at "
-        f"max_new_tokens={rollout.max_new_tokens}, {total} at max_total_tokens={rollout.max_total_tokens}); "
-        f"their final answers are cut off and score as failures. Raise {flag} (now {value}) if the env needs "
-        "longer answers"
+        f"warning: {turn + total} of {len(ok)} episodes ended at a token limit ({turn} cut mid-turn at {at}, "
+        f"{total} at max_total_tokens={rollout.max_total_tokens}); their final answers are cut off and score "
+        f"as failures. {fix}"
     )
+
+
+def _last_turn_len(t: Trajectory) -> int:
+    """Tokens the model sampled in the episode's last turn (0 when it has none)."""
+    from agentrl.types import TokenSource
+
+    model = [g for g in t.segments if g.source is TokenSource.MODEL]
+    return model[-1].end - model[-1].start if model else 0
 
 
 def stalled_update_warning(row: dict[str, float]) -> str | None:

@@ -36,6 +36,7 @@ from agentrl.run import ModelSpec, RunDir
 from agentrl.staleness import Admission, OnStale
 from agentrl.trainers.deploy import DeployConfig
 from agentrl.trainers.evaluate import EvalConfig
+from agentrl.trainers.tool_format import record_choice, resolve_auto, tool_format_agrees
 
 __all__ = [
     "RESUMABLE",
@@ -205,6 +206,7 @@ class TrainConfig:
 
             if fmt not in PARSERS:
                 raise ConfigError(f"--rollout.tool-format {fmt!r}: unknown; one of {sorted(PARSERS)} or auto")
+        tool_format_agrees(fmt, self.env_kwargs)
         if self.rollout.top_p != 1.0:
             raise ConfigError(
                 f"--rollout.top-p {self.rollout.top_p}: the learner scores the full distribution, so nucleus "
@@ -388,18 +390,7 @@ def env_arguments(cfg: TrainConfig) -> dict[str, Any]:
     if fmt is None or not (isinstance(cls, type) and issubclass(cls, ToolEnv)):
         return kwargs
     if fmt == "auto":
-        from agentrl.models import load_tokenizer, smollm2_tokenizer
-        from agentrl.tools import detect_tool_format
-
-        folder = model_folder(cfg.model)
-        tok = smollm2_tokenizer() if folder is None else load_tokenizer(folder)
-        found = detect_tool_format(getattr(tok, "chat_template", None))
-        if found is None:
-            raise ConfigError(
-                f"--rollout.tool-format auto: the chat template of {cfg.model!r} renders no tool-call format "
-                "agentrl knows; name one (hermes, llama3_json, mistral, qwen3_coder, deepseek_v3, harmony)"
-            )
-        fmt = found
+        fmt = resolve_auto(cfg.model)
     kwargs.setdefault("tool_format", fmt)
     return kwargs
 
@@ -459,6 +450,7 @@ def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, RunDir]:
         cfg = dataclasses.replace(cfg, out=str(run.path))
         cfg = _size_learner(cfg)
         cfg = _learner_attention(cfg)
+        cfg = record_choice(cfg)  # --rollout.tool-format auto: the format it chose, printed and recorded
     run.write_config(cfg)
     return cfg, run
 

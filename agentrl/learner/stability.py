@@ -31,6 +31,7 @@ from agentrl.run import RunDir
 
 __all__ = [
     "CHECKPOINT_KEY",
+    "SOLVED_REWARD",
     "CollapseCheck",
     "CollapseState",
     "StabilityState",
@@ -45,6 +46,8 @@ __all__ = [
 
 CHECKPOINT_KEY = "stability"
 """Key of :meth:`StabilityState.to_json` in a checkpoint's ``extra``."""
+SOLVED_REWARD = 1.0
+"""A step whose every episode scored at least this is *solved*, not collapsed (issue 47)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +69,11 @@ class CollapseCheck:
     zero_variance_frac: float
     """Fraction of the step's groups whose members all got the same reward (NaN without groups)."""
     collapsed: bool
-    """Every group has zero reward variance and an earlier step had signal: the update trains on nothing."""
+    """Every group has zero reward variance and an earlier step had signal: the update trains on nothing
+    (not when the step is :attr:`solved`)."""
+    solved: bool = False
+    """Every episode got the full reward (>= ``SOLVED_REWARD``, which every shipped env gives a success):
+    no signal either, but because the policy succeeds, not because it fails."""
 
 
 def check_collapse(state: CollapseState, group_rewards: Sequence[Sequence[float]]) -> CollapseCheck:
@@ -82,7 +89,8 @@ def check_collapse(state: CollapseState, group_rewards: Sequence[Sequence[float]
     if not all(flat):
         return CollapseCheck(CollapseState(state.signal_steps + 1, 0), frac, False)
     new = CollapseState(state.signal_steps, state.silent_steps + 1)
-    return CollapseCheck(new, frac, state.signal_steps > 0)
+    solved = all(r and min(r) >= SOLVED_REWARD for r in group_rewards)
+    return CollapseCheck(new, frac, state.signal_steps > 0 and not solved, solved)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +139,8 @@ class StabilityStep:
     """The detector's verdict."""
     mean_length: float
     """Mean model tokens per episode of the step's groups (the schedule's input)."""
+    previous_lr: float = math.nan
+    """The rate the previous step used (what a decay at this step lowered)."""
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -143,22 +153,37 @@ class StabilityStep:
             "learn/response_length": self.mean_length,
             "stability/zero_variance_frac": c.zero_variance_frac,
             "stability/collapsed": float(c.collapsed),
+            "stability/solved": float(c.solved),
             "stability/silent_steps": float(c.state.silent_steps),
         }
 
     def warning(self, step: int) -> str | None:
-        """The line to print when the step collapsed (None otherwise)."""
-        c = self.collapse
-        if not c.collapsed:
-            return None
-        # One silent step happens in healthy runs too (easy and hard prompts at once); a run of them is the
-        # absorbing all-fail state of docs/reproduction.md §3.4.
-        return (
-            f"step {step}: no learning signal — every group's members got the same reward "
-            f"({c.state.silent_steps} step(s) in a row, after {c.state.signal_steps} step(s) with signal): "
-            "every group-baseline advantage is 0, so the run is training on nothing; if this persists, "
-            "the run has collapsed"
-        )
+        """The lines to print for this step: a learning-rate decay the schedule took, a solved step, a
+        collapsed one (None when there is nothing to say)."""
+        c, s = self.collapse, self.schedule
+        lines = []
+        if s.triggered:
+            lines.append(
+                f"step {step}: learning rate {self.previous_lr:.3g} -> {s.lr:.3g}: the mean response length "
+                f"grew {s.signal:.2f}x over the schedule's window (--learner.lr-schedule length-triggered; "
+                f"decay {s.state.decays})"
+            )
+        if c.solved:
+            lines.append(
+                f"step {step}: solved — every episode got the full reward: no group has signal, so this "
+                "update changes nothing. The tasks are easy for the policy now; harder ones give it more "
+                "to learn (--curriculum difficulty, a harder env or split)"
+            )
+        elif c.collapsed:
+            # One silent step happens in healthy runs too (easy and hard prompts at once); a run of them is
+            # the absorbing all-fail state of docs/reproduction.md §3.4.
+            lines.append(
+                f"step {step}: no learning signal — every group's members got the same reward "
+                f"({c.state.silent_steps} step(s) in a row, after {c.state.signal_steps} step(s) with "
+                "signal): every group-baseline advantage is 0, so the run is training on nothing; if this "
+                "persists, the run has collapsed"
+            )
+        return "\n".join(lines) or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +228,8 @@ def observe_step(
         floor=cfg.lr_floor,
     )
     coll = check_collapse(state.collapse, inputs.group_rewards)
-    return StabilityStep(StabilityState(sched.state, coll.state), sched, coll, mean_length)
+    previous = cfg.lr * state.schedule.scale
+    return StabilityStep(StabilityState(sched.state, coll.state), sched, coll, mean_length, previous)
 
 
 def begin_step(

@@ -79,13 +79,14 @@ def test_metrics_log_truncate_and_plot(tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2, 3]
     assert read_metrics(tmp_path)[0]["bad"] is None
     log.truncate_from(2)
-    log.log(2, {"reward/mean": 0.9})
+    log.log(2, {"reward/mean": 0.9, "staleness/max": 0.0})  # all 0 (a synchronous run's): not drawn
     assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2]
     with open(tmp_path / "metrics.jsonl", "a") as fh:
         fh.write('{"step": 3, "rew')  # torn last line
     assert len(read_metrics(tmp_path)) == 3
-    pngs = plot_run(tmp_path)
-    assert {p.name for p in pngs} == {"reward.png", "grad_norm.png"}
+    skipped: list[str] = []
+    pngs = plot_run(tmp_path, skipped=skipped)
+    assert {p.name for p in pngs} == {"reward.png", "grad_norm.png"} and skipped == ["staleness"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     with pytest.raises(ConfigError, match="unknown metrics backend"):
         MetricsLogger(tmp_path, backends=["mlflow"])

@@ -270,3 +270,16 @@ def test_a_flat_nested_config_keeps_its_flags_and_reads_its_old_flat_dict():
         config_from_dict(Split, {"workers": 3, "where": {"workers": 2}})
     with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['lr'\]"):  # only a flat config lifts
         config_from_dict(Split, {"lr": 0.1})
+
+
+def test_help_spells_flags_with_hyphens_and_underscores_still_parse():
+    # Issue 47: the usage lines said --group_size while the docs say --group-size.
+    from agentrl.trainers.cli import build_parser
+
+    parser = build_parser()
+    train = next(a for a in parser._subparsers._group_actions if a.dest == "command").choices["train"]  # type: ignore[union-attr]
+    usage = train.format_usage()
+    assert "[--group-size INT]" in usage and "[--rollout.max-new-tokens INT]" in usage
+    assert "--group_size" not in usage and "max_new_tokens" not in usage
+    _, p = parse([])
+    assert p.parse_args(["--group_size", "3"]) == p.parse_args(["--group-size", "3"])

@@ -57,6 +57,30 @@ def test_a_capped_step_trains_on_what_it_has_and_says_so():
         d.issue(1)
 
 
+def test_the_step_says_what_it_drew_kept_and_filtered():
+    # Issue 47: the console said "0 of 2 had reward signal; training on those", then "no update".
+    refilled = _rounds([Z, S, Z, S, S, S, S, S], b=2, k=4).report(3)
+    assert refilled == (
+        "step 3: dynamic sampling drew 4 groups (2 + 2 refill(s)), kept 2 with reward signal, filtered 2 "
+        "whose members all got the same reward; training on those 2"
+    )
+    capped = _rounds([Z, F, S, Z, Z, Z], b=2, k=3).report(0)
+    assert (
+        capped is not None
+        and "kept 1 with reward signal, filtered 4 whose members all got the same" in capped
+    )
+    assert "and 1 with fewer than 2 usable members" in capped
+    assert capped.endswith("cap (6 draws) was reached first: training on those 1 (of 2 wanted)")
+    none = _rounds([Z, Z, Z, Z], b=2, k=2).report(0)
+    assert none is not None and none.endswith("was reached with none, so no update this step")
+    assert _rounds([S, S], b=2, k=4).report(0) is None  # nothing filtered, nothing refilled: nothing to say
+    off = StepDraws.of(2, NoDynamicSampling())
+    off.issue(2)
+    off.record(Z)
+    off.record(Z)
+    assert off.report(0) is None
+
+
 def test_off_draws_the_step_once_and_keeps_every_verdict():
     d = StepDraws.of(3, NoDynamicSampling())
     assert list(d.issue(d.need())) == [0, 1, 2] and d.need() == 0

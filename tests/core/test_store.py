@@ -1,5 +1,6 @@
 """The JSONL trajectory store: exact round trip, torn last line, live reading, schema checks."""
 
+import asyncio
 import json
 
 import pytest
@@ -182,3 +183,19 @@ def test_a_second_store_refuses_an_existing_file_unless_asked(tmp_path):
     assert len(list(JsonlStore(empty).read())) == 1
     with pytest.raises(StoreError, match="mode must be one of"):
         JsonlStore(path, mode="add")  # type: ignore[arg-type]
+
+
+def test_an_append_nobody_awaited_still_writes(tmp_path):
+    # Issue 47: `store.append(t)` without `await` used to create a coroutine and write nothing.
+    from agentrl import JsonlStore, read_trajectories
+    from agentrl.types import Message, Trajectory
+
+    t = Trajectory((), (), (), (), (Message("user", "hi"),), ())
+    with JsonlStore(tmp_path / "t.jsonl") as store:
+        store.append(t)  # forgotten await
+
+        async def awaited() -> None:
+            await store.append(t)
+
+        asyncio.run(awaited())
+    assert len(list(read_trajectories(tmp_path / "t.jsonl"))) == 2

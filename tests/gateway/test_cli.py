@@ -127,6 +127,13 @@ def test_train_agent_for_one_step_and_replay(tmp_path):
     assert check.returncode == 0 and "4 of 4 trajectories consistent" in check.stdout, (
         check.stdout + check.stderr
     )
+    # The agent ran its own tools and reward: nothing of the env to re-execute, and replay says so (exit 3),
+    # rather than reporting every episode DIFFERENT (issue 47, point 4).
+    rex = subprocess.run(
+        [*AGENTRL, "replay", str(run), "--reexec"], capture_output=True, text=True, timeout=300
+    )
+    assert rex.returncode == 3 and "4 not re-executable" in rex.stdout, rex.stdout + rex.stderr
+    assert "DIFFERENT" not in rex.stdout
 
 
 def test_gateway_command_refuses_bad_settings(capsys, tmp_path):

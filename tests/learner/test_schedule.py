@@ -200,3 +200,10 @@ def test_merged_rank_inputs_decide_like_one_learner():
     assert merged == StepInputs((10, 20, 30, 40), ((0.0, 1.0), (1.0, 1.0)))
     out = observe_step(LearnerConfig(), StabilityState(), merged, step=0)
     assert out.mean_length == 25.0 and out.collapse.zero_variance_frac == 0.5
+
+
+def test_a_step_where_every_episode_succeeds_is_solved_not_collapsed():
+    out = check_collapse(CollapseState(signal_steps=2), [[1.0, 1.0], [1.0, 1.0]])
+    assert out.solved and not out.collapsed and out.state.silent_steps == 1
+    mixed = check_collapse(CollapseState(signal_steps=2), [[1.0, 1.0], [0.0, 0.0]])
+    assert mixed.collapsed and not mixed.solved  # some groups all fail: the collapse warning stands

@@ -188,7 +188,13 @@ def test_cli_two_steps_with_dynamic_sampling_hits_the_cap_and_says_so(tmp_path, 
         assert (r["groups/drawn"], r["groups/trained"], r["groups/capped"]) == (4.0, 0.0, 1.0)
         assert r["groups/filtered_zero_variance"] == 4.0 and r["tokens/trained_frac"] == 0.0
     # One loop, one message at every S.
-    assert proc.stdout.count("drew the most groups --dynamic-sampling.max-draws allows") == 2, proc.stdout
+    said = (
+        "dynamic sampling drew 4 groups (2 + 2 refill(s)), kept 0 with reward signal, filtered 4 whose "
+        "members all got the same reward; the --dynamic-sampling.max-draws cap (4 draws) was reached with "
+        "none, so no update this step"
+    )
+    assert proc.stdout.count(said) == 2, proc.stdout
+    assert "training on those" not in proc.stdout and "no group to train on" not in proc.stdout
     assert json.loads((out / "config.json").read_text())["dynamic_sampling"] == {
         "name": "true",
         "max_draws": 2,

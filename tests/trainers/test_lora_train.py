@@ -175,6 +175,11 @@ def test_eval_replay_and_export_read_a_lora_run(tmp_path, straight, tok, capsys)
         step = json.loads(capsys.readouterr().out)["step"]
         assert step["matches"] and any(c["name"] == "learn/grad_norm" for c in step["checks"])
         assert ("adapter" in step["weights"]) and (k == 0 or "LoRA adapter on tiny" in step["weights"])
+    # `agentrl export` says which checkpoint it merged, into which base (issue 47).
+    capsys.readouterr()
+    assert cli_main(["export", str(straight), "--merged", str(tmp_path / "m1"), "--step", "1"]) == 0
+    said = capsys.readouterr().out
+    assert "merged the LoRA adapter (rank" in said and "step-000001 (after 1 steps) into its base" in said
     args = ["eval", "--model", str(straight), "--env", "calculator-v0", "--tasks", "1", "--k", "1"]
     assert cli_main([*args, "--max-new-tokens", "4", "--max-turns", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["episodes"] == 1

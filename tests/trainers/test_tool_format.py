@@ -46,3 +46,46 @@ def test_a_run_records_the_format_and_replay_uses_it(tmp_path, capsys):
     assert env_arguments(RunDir(out).read_config(TrainConfig)) == {"tool_format": "llama3_json"}
     capsys.readouterr()
     assert cli_main(["replay", str(out), "--reexec"]) == 0
+
+
+def test_env_kwargs_may_not_contradict_the_format():
+    # Issue 47: --env-kwargs used to override --rollout.tool-format silently (and config.json kept both).
+    with pytest.raises(ConfigError, match=r"--rollout.tool-format mistral and --env-kwargs tool_format "):
+        cfg("calculator-v0", "mistral", env_kwargs={"tool_format": "llama3_json"})
+    with pytest.raises(ConfigError, match="contradict"):
+        cfg("calculator-v0", "auto", env_kwargs={"tool_format": "hermes"})
+    # Saying the same thing twice, or once, is fine.
+    assert env_arguments(cfg("calculator-v0", "mistral", env_kwargs={"tool_format": "mistral"})) == {
+        "tool_format": "mistral"
+    }
+    assert env_arguments(cfg("calculator-v0", None, env_kwargs={"tool_format": "hermes"})) == {
+        "tool_format": "hermes"
+    }
+    # From the command line: exit status 2 and the message, before anything is built.
+    argv = ["train", "--model", "tiny", "--env", "calculator-v0", "--rollout.tool-format", "mistral"]
+    assert cli_main([*argv, "--env-kwargs", '{"tool_format": "llama3_json"}', "--steps", "1"]) != 0
+
+
+@pytest.fixture(scope="module")
+def hermes_model(tmp_path_factory):
+    """A tiny model folder whose chat template carries Hermes' ``<tool_call>`` marker."""
+    from agentrl.models import smollm2_tokenizer, tiny_model
+
+    folder = tmp_path_factory.mktemp("hermes-model")
+    tok = smollm2_tokenizer()
+    tiny_model(tok).save_pretrained(folder)
+    tok.chat_template = tok.chat_template + "{#- tools render as <tool_call>{...}</tool_call> -#}"
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_auto_prints_and_records_the_format_it_chose(tmp_path, capsys, hermes_model):
+    out = tmp_path / "run"
+    argv = ["train", "--model", str(hermes_model), "--env", "calculator-v0", "--rollout.tool-format", "auto"]
+    argv += ["--group-size", "2", "--groups-per-step", "1", "--rollout.max-new-tokens", "8", "--steps", "1"]
+    argv += ["--eval.tasks", "0", "--no-progress", "--out", str(out)]
+    assert cli_main(argv) == 0
+    printed = capsys.readouterr().out
+    assert f"--rollout.tool-format auto: hermes (the chat template of {hermes_model} renders it)" in printed
+    assert json.loads((out / "config.json").read_text())["rollout"]["tool_format"] == "hermes"

@@ -303,6 +303,9 @@ def test_plot_and_envs_commands(two_step_run, capsys):
     run, _ = two_step_run
     assert cli_main(["plot", str(run)]) == 0
     assert (Path(run) / "plots" / "reward.png").exists()
+    # A synchronous run has no staleness: no flat plot of zeros, and a line that says so (issue 47).
+    assert not (Path(run) / "plots" / "staleness.png").exists()
+    assert "not plotted, every value 0 in this run: " in capsys.readouterr().out
     assert cli_main(["envs"]) == 0
     assert "math-tir-v0" in capsys.readouterr().out
 

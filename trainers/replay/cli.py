@@ -33,7 +33,13 @@ from agentrl import replay
 from agentrl.errors import ConfigError
 from agentrl.trainers.replay.credit import advantages_of_step
 from agentrl.trainers.replay.recompute import recompute, recompute_run
-from agentrl.trainers.replay.reexec import ReexecReport, RescoreReport, areexec_many
+from agentrl.trainers.replay.reexec import (
+    NO_ENV_KWARGS,
+    ReexecReport,
+    RescoreReport,
+    areexec_many,
+    reexec_status,
+)
 from agentrl.trainers.replay.reproduce import StepReport, reproduce_step
 from agentrl.trainers.replay.weights import find_tokenizer, train_config
 from agentrl.trainers.train_setup import env_arguments
@@ -243,10 +249,16 @@ def _print_reexec(reports: Sequence[ReexecReport]) -> None:
             "handed to Env.step); replayed the model turns decoded from their tokens instead: those ending "
             "with a stop token, which are exactly the turns the rollout handed to the env"
         )
+    reasons: set[str] = set()
     for r in reports:
         head = f"trajectory {r.index} (episode {r.episode_id[:12]}, {r.env_id} seed {r.seed})"
         if r.error:
             print(f"{head}: COULD NOT REPLAY: {r.error}")
+            continue
+        if r.not_reexecutable:
+            said = r.not_reexecutable in reasons
+            reasons.add(r.not_reexecutable)
+            print(f"{head}: NOT RE-EXECUTABLE: {'as above' if said else r.not_reexecutable}")
             continue
         n = len(r.calls)
         print(f"{head}: {n} tool call(s), {'all identical' if r.ok else 'DIFFERENT'}")
@@ -279,12 +291,23 @@ def _print_reexec(reports: Sequence[ReexecReport]) -> None:
             )
     cut = sum(r.rollout_end is not None and r.end_matches for r in reports)
     same = sum(r.ok for r in reports)
-    print(f"reexec: {same} of {len(reports)} trajectories replayed identically")
+    never = sum(bool(r.not_reexecutable) and not r.error for r in reports)
+    differ = len(reports) - same - never
+    print(
+        f"reexec: {same} of {len(reports)} trajectories replayed identically, {differ} differed or failed, "
+        f"{never} not re-executable"
+    )
     if cut:
         print(
             f"  {cut} of them were ended by the rollout's own limit (turn_tokens, max_tokens, max_turns, "
             "template_mismatch), recorded truncated: the env never saw that end, so their replays end "
             "(terminated, truncated) = (False, False), as expected"
+        )
+    compacted = {r.episode_id for r in reports if r.recorded_compacted and not r.not_reexecutable}
+    if compacted:
+        print(
+            f"  {len(compacted)} compacted episode(s) were re-executed sample by sample, each through one "
+            "env (a later sample starts from the context the env compacted to)"
         )
 
 
@@ -293,6 +316,9 @@ def _print_rescore(reports: Sequence[RescoreReport]) -> None:
     for r in reports:
         if r.error:
             print(f"trajectory {r.index}: COULD NOT RESCORE: {r.error}")
+            continue
+        if r.not_reexecutable:
+            print(f"trajectory {r.index}: NOT RE-EXECUTABLE: {r.not_reexecutable}")
             continue
         rec = ", ".join(f"{x:g}" for x in r.recorded_rewards) or "none"
         new = ", ".join("-" if x is None else f"{x:g}" for x in r.replayed_rewards) or "none"
@@ -471,7 +497,9 @@ def run(ns: argparse.Namespace) -> int:
             except json.JSONDecodeError as e:
                 raise ConfigError(f"--env-kwargs is not JSON: {e}") from e
         else:
-            env_kwargs = env_arguments(train_config(rn)) if rn.run_dir is not None else {}
+            # An agent run's --env is only its task source (maybe a .jsonl file): nothing is re-executed.
+            run_cfg = train_config(rn) if rn.run_dir is not None else None
+            env_kwargs = env_arguments(run_cfg) if run_cfg is not None and run_cfg.agent is None else {}
         if not isinstance(env_kwargs, dict):
             raise ConfigError("--env-kwargs must be a JSON object")
         needs_tok = any(not t.actions for t in trajs)
@@ -482,19 +510,24 @@ def run(ns: argparse.Namespace) -> int:
                 concurrency=ns.concurrency,
                 env_kwargs=env_kwargs,
                 tokenizer=tokenizer() if needs_tok else None,
+                pool=rn.trajectories,  # a later sample is re-executed after its episode's earlier ones
             )
         )
         if ns.reexec:
             out["reexec"] = _jsonable(rex)
             emit.append(lambda: _print_reexec(rex))
-            if any(not r.ok for r in rex):
-                rc = 1
+            rc = 1 if rc == 1 else reexec_status(rex)
         if ns.rescore:
             resc = [RescoreReport.from_reexec(r, t) for r, t in zip(rex, trajs, strict=True)]
             out["rescore"] = _jsonable(resc)
             emit.append(lambda: _print_rescore(resc))
-            if any(not r.matches for r in resc):
+            if any(not r.matches and not r.not_reexecutable for r in resc):
                 rc = 1
+            elif rc == 0 and any(r.not_reexecutable for r in resc):
+                rc = 3
+        if rn.run_dir is None and not ns.env_kwargs and any(not r.ok and not r.not_reexecutable for r in rex):
+            # A bare trajectories file records the env's id, not the arguments it was built with.
+            emit.append(lambda: print(NO_ENV_KWARGS))
 
     if ns.show is not None:
         k = ns.show
