@@ -119,6 +119,10 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
             "Code set MAX_THINKING_TOKENS=0)",
             "thinking",
         )
+    config = body.get("output_config")
+    # effort is accepted without effect (the policy has no effort setting); a format is constrained decoding
+    if config is not None and (not isinstance(config, dict) or set(config) - {"effort"}):
+        raise _bad("output_config: only 'effort' is accepted (no structured outputs)", "output_config")
     for key in ("mcp_servers", "container"):
         if body.get(key):
             raise _bad(f"'{key}' is not supported: the agent runs its tools", key)
@@ -189,13 +193,20 @@ def _text_block(b: Any, where: str) -> str:
 
 
 def _message(m: Any, where: str) -> list[WireMessage]:
-    if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-        raise _bad(f"{where}.role must be 'user' or 'assistant'", f"{where}.role")
+    # Claude Code sends "system" messages inside the conversation too (its environment notes).
+    if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+        raise _bad(f"{where}.role must be 'user', 'assistant' or 'system'", f"{where}.role")
     content = m.get("content")
     if isinstance(content, str):
         return [WireMessage(m["role"], content)]
     if not isinstance(content, list):
         raise _bad(f"{where}.content must be a string or an array of content blocks", f"{where}.content")
+    if m["role"] == "system":
+        return [
+            WireMessage(
+                "system", "\n\n".join(_text_block(b, f"{where}.content[{j}]") for j, b in enumerate(content))
+            )
+        ]
     if m["role"] == "assistant":
         texts, calls = [], []
         for j, b in enumerate(content):

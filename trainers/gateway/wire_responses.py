@@ -10,7 +10,7 @@ the one recording path, with the same prefix check and split reasons.
 ``previous_response_id`` continues a stored response of the same session: its conversation (without its
 ``instructions``, which, as on the OpenAI API, are not carried over) comes before the new input items.
 Fields the gateway cannot honour (``n``-like fan-out, forced tool choice, images, built-in tools, stop
-strings, reasoning effort, background mode, server-side conversations) are refused with a 400 naming them.
+strings, reasoning summaries, background mode, server-side conversations) are refused with a 400 naming them.
 """
 
 from __future__ import annotations
@@ -102,9 +102,10 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     if body.get("truncation") not in (None, "disabled"):
         raise _bad("truncation must be 'disabled': the agent owns its history", "truncation")
     reasoning = body.get("reasoning")
-    if isinstance(reasoning, dict) and (reasoning.get("effort") or reasoning.get("summary")):
+    # effort is accepted without effect (the policy has no effort setting); a summary would be new output
+    if reasoning is not None and not (isinstance(reasoning, dict) and not reasoning.get("summary")):
         raise _bad(
-            "'reasoning' options are not supported: the policy is not a reasoning-effort model", "reasoning"
+            "'reasoning' summaries are not supported: the policy writes no reasoning items", "reasoning"
         )
     text = body.get("text")
     if text is not None:
