@@ -283,6 +283,7 @@ def message_events(message: Mapping[str, Any]) -> list[dict[str, Any]]:
     start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 0}}
     events: list[dict[str, Any]] = [{"type": "message_start", "message": start}]
     for k, b in enumerate(message["content"]):
+        head: dict[str, Any]
         if b["type"] == "text":
             head, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": b["text"]}
         else:

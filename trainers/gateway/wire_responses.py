@@ -220,15 +220,18 @@ def _items(raw: list[Any]) -> tuple[WireMessage, ...]:
             raise _bad(f"{where} must be an input item object", where)
         kind = item.get("type", "message")
         if kind == "message":
-            role = {"developer": "system"}.get(item.get("role"), item.get("role"))
-            if role not in ("system", "user", "assistant"):
+            role = item.get("role")
+            role = "system" if role == "developer" else role
+            if not isinstance(role, str) or role not in ("system", "user", "assistant"):
                 raise _bad(f"{where}.role must be user, system, developer or assistant", f"{where}.role")
             kinds = ("output_text", "input_text", "text") if role == "assistant" else ("input_text", "text")
             text = _text(item.get("content"), where, kinds)
             out.append(WireMessage(role, text))
         elif kind == "function_call":
             call_id, name, args = item.get("call_id"), item.get("name"), item.get("arguments")
-            if not all(isinstance(x, str) and x for x in (call_id, name)) or not isinstance(args, str):
+            if not (
+                isinstance(call_id, str) and call_id and isinstance(name, str) and name
+            ) or not isinstance(args, str):
                 raise _bad(f"{where}: a function_call needs 'call_id', 'name' and 'arguments' strings", where)
             call = WireCall.make(call_id, name, args)
             prev = out[-1] if out else None
