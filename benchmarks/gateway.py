@@ -16,6 +16,7 @@ Target (issue 16): <= 2 ms p50 overhead per request on 2 cores.
 
     .venv/bin/python benchmarks/gateway.py            # writes docs/benchmarks/gateway.md
     .venv/bin/python benchmarks/gateway.py --quick
+    .venv/bin/python benchmarks/gateway.py --apis     # the APIs side by side: docs/benchmarks/gateway_apis.md
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +84,7 @@ class _Timed:
     def __init__(self, app: Any):
         self.app = app
         self.times: list[float] = []
+        self.by_api: dict[str, list[float]] = {}
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == "/bench/stats":
@@ -96,15 +99,34 @@ class _Timed:
             )
             await send({"type": "http.response.body", "body": body})
             return
+        if scope["type"] == "http" and scope["path"] == "/bench/stats_by_api":
+            body = json.dumps(self.by_api).encode()
+            self.by_api = {}
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-length", b"%d" % len(body))],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
         t0 = time.perf_counter()
-        chat = scope["type"] == "http" and scope["path"].endswith("/chat/completions")
+        path = scope["path"] if scope["type"] == "http" else ""
+        api = next((a for a in _APIS if path.endswith(f"/v1/{a}")), None)
 
         async def timed(message: Any) -> None:
             await send(message)
-            if chat and message["type"] == "http.response.body" and not message.get("more_body"):
-                self.times.append(time.perf_counter() - t0)
+            if api and message["type"] == "http.response.body" and not message.get("more_body"):
+                dt = time.perf_counter() - t0
+                if api == "chat/completions":
+                    self.times.append(dt)
+                self.by_api.setdefault(api, []).append(dt)
 
         await self.app(scope, receive, timed)
+
+
+_APIS = ("chat/completions", "responses", "messages")
 
 
 class _NoList(list):  # type: ignore[type-arg]
@@ -132,6 +154,129 @@ async def session_httpx(http: Any, sid: str, lat: list[float]) -> None:
         messages.append({"role": "tool", "tool_call_id": call["id"], "content": "hello"})
     r = await http.post(f"/s/{sid}/finish", json={"reward": 1.0})
     assert r.status_code == 200 and r.json()["trajectories"][0]["trainable"], r.text
+
+
+RESPONSES_ECHO = {"type": "function", **ECHO["function"]}
+ANTHROPIC_ECHO = {
+    "name": "echo",
+    "description": ECHO["function"]["description"],
+    "input_schema": ECHO["function"]["parameters"],
+}
+
+
+async def session_responses(http: Any, sid: str, lat: list[float], *, chain: bool) -> None:
+    """The same 3-turn session over /v1/responses: the whole item list, or (``chain``) only the new items
+    with ``previous_response_id``."""
+    items: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    new, prev = list(items), None
+    for _ in range(3):
+        body: dict[str, Any] = {"model": "p", "instructions": SYSTEM, "tools": [RESPONSES_ECHO]}
+        body |= {"input": new, "previous_response_id": prev} if chain and prev else {"input": items}
+        t0 = time.perf_counter()
+        r = await http.post(f"/s/{sid}/v1/responses", json=body | {"max_output_tokens": 64})
+        lat.append(time.perf_counter() - t0)
+        out = r.json()
+        prev = out["id"]
+        items += out["output"]
+        calls = [o for o in out["output"] if o["type"] == "function_call"]
+        if not calls:
+            break
+        new = [{"type": "function_call_output", "call_id": calls[0]["call_id"], "output": "hello"}]
+        items += new
+    r = await http.post(f"/s/{sid}/finish", json={"reward": 1.0})
+    assert r.status_code == 200 and r.json()["trajectories"][0]["trainable"], r.text
+
+
+async def session_anthropic(http: Any, sid: str, lat: list[float]) -> None:
+    """The same 3-turn session over Anthropic's /v1/messages."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    for _ in range(3):
+        body = {
+            "model": "p",
+            "max_tokens": 64,
+            "system": SYSTEM,
+            "messages": messages,
+            "tools": [ANTHROPIC_ECHO],
+        }
+        t0 = time.perf_counter()
+        r = await http.post(f"/s/{sid}/v1/messages", json=body)
+        lat.append(time.perf_counter() - t0)
+        out = r.json()
+        messages.append({"role": "assistant", "content": out["content"]})
+        uses = [b for b in out["content"] if b["type"] == "tool_use"]
+        if out["stop_reason"] != "tool_use":
+            break
+        messages.append(
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": uses[0]["id"], "content": "hello"}],
+            }
+        )
+    r = await http.post(f"/s/{sid}/finish", json={"reward": 1.0})
+    assert r.status_code == 200 and r.json()["trajectories"][0]["trainable"], r.text
+
+
+API_SESSIONS = {
+    "chat completions": lambda http, sid, lat: session_httpx(http, sid, lat),
+    "responses (whole input)": lambda http, sid, lat: session_responses(http, sid, lat, chain=False),
+    "responses (previous_response_id)": lambda http, sid, lat: session_responses(http, sid, lat, chain=True),
+    "anthropic messages": lambda http, sid, lat: session_anthropic(http, sid, lat),
+}
+
+
+async def compare_apis(url: str, rounds: int, sessions: int, concurrency: int) -> dict[str, list[float]]:
+    """In-server time per turn of each API, interleaved round by round (so the shared machine's load drifts
+    over all of them alike): ``{api: [seconds per request]}``."""
+    import httpx
+
+    inside: dict[str, list[float]] = {name: [] for name in API_SESSIONS}
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
+        limit = asyncio.Semaphore(concurrency)
+        for k in range(rounds):
+            for j, (name, run) in enumerate(API_SESSIONS.items()):
+                lat: list[float] = []
+
+                async def one(
+                    i: int,
+                    run: Any = run,
+                    tag: str = f"api{j}-{k}-{uuid.uuid4().hex[:8]}",
+                    lat: list[float] = lat,
+                ) -> None:
+                    async with limit:
+                        await run(http, f"{tag}-{i}-c{concurrency}", lat)
+
+                await http.get("/bench/stats_by_api")
+                await asyncio.gather(*(one(i) for i in range(sessions)))
+                stats = (await http.get("/bench/stats_by_api")).json()
+                inside[name] += [t for ts in stats.values() for t in ts]
+    return inside
+
+
+async def compare_apis_in_process(rounds: int) -> dict[str, list[float]]:
+    """The same sessions against the ASGI app in this process (httpx's ASGI transport: no sockets, no
+    second process), interleaved: ``{api: [seconds per request]}``. On a loaded machine this is the
+    steadier comparison of what each API's translation costs."""
+    import httpx
+
+    from agentrl.chat import ChatRenderer
+    from agentrl.models import smollm2_tokenizer
+    from agentrl.trainers.gateway import GatewayCore
+    from agentrl.trainers.gateway.server import build_app
+
+    renderer = ChatRenderer(smollm2_tokenizer())
+    policy = make_policy(renderer)
+    policy.calls = _NoList()
+    app = build_app(GatewayCore(policy, renderer))
+    times: dict[str, list[float]] = {name: [] for name in API_SESSIONS}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+        for k in range(rounds):
+            for j, (name, run) in enumerate(API_SESSIONS.items()):
+                lat: list[float] = []
+                await run(http, f"p{j}-{k}", lat)
+                if k:  # round 0 warms every path up
+                    times[name] += lat
+    return times
 
 
 async def session_openai(client: Any, lat: list[float]) -> None:
@@ -253,6 +398,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--apis",
+        action="store_true",
+        help="only compare the three APIs (chat completions, Responses, Anthropic Messages) side by side",
+    )
     ap.add_argument("--out", default=str(Path(__file__).parent.parent / "docs/benchmarks/gateway.md"))
     args = ap.parse_args()
     if args.serve:
@@ -262,6 +412,9 @@ def main() -> None:
     from agentrl.chat import ChatRenderer
     from agentrl.models import smollm2_tokenizer
 
+    if args.apis:
+        apis_main(args.quick, Path(args.out).parent / "gateway_apis.md")
+        return
     renderer = ChatRenderer(smollm2_tokenizer())
     floor = asyncio.run(direct(renderer, 2000))
     native_ms = asyncio.run(native(renderer, 50 * scale))
@@ -342,6 +495,65 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines))
     print(f"wrote {args.out}")
+
+
+def apis_main(quick: bool, out: Path) -> None:
+    """Each API's p50 time per turn inside the server, side by side, one session at a time and 16 at once."""
+    proc = subprocess.Popen([sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True)
+    rounds = 3 if quick else 10
+    try:
+        assert proc.stdout is not None
+        m = re.match(r"URL (\S+)", proc.stdout.readline())
+        assert m, "the server did not start"
+        url = m.group(1)
+        asyncio.run(compare_apis(url, 1, 5, 1))  # warm up every path
+        load0 = os.getloadavg()[0]
+        local = asyncio.run(compare_apis_in_process(20 if quick else 100))
+        one = asyncio.run(compare_apis(url, rounds, 5, 1))
+        many = asyncio.run(compare_apis(url, rounds, 16, 16))
+        load1 = os.getloadavg()[0]
+    finally:
+        proc.kill()
+        proc.wait()
+    base1 = statistics.median(one["chat completions"])
+    base16 = statistics.median(many["chat completions"])
+    lines = [
+        "# Gateway overhead per API",
+        "",
+        "`benchmarks/gateway.py --apis`: the same 3-turn echo session (two tool calls, an answer; instant",
+        "scripted policy, real SmolLM2 tokenizer and template, every trajectory audited) sent over each API",
+        "with raw httpx bodies, the server in its own process. The time is measured inside the server, from",
+        "the app receiving a turn request to its last byte handed to the socket, so it covers translation,",
+        "rendering, the prefix check and the response body. The APIs run interleaved round by round, so",
+        "the machine's load drifts over all of them alike. Target (issue 40): p50 within 1.2x of chat",
+        "completions.",
+        "",
+        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {platform.machine()}, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}; 1-minute load average {load0:.1f}",
+        f"at the start and {load1:.1f} at the end (a machine shared with other jobs: contended numbers).",
+        "",
+        "| API | in process: requests | p50 ms | ratio | HTTP, 1 at a time: requests | p50 ms | ratio "
+        "| HTTP, 16 at once: requests | p50 ms | ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    base0 = statistics.median(local["chat completions"])
+    for name in API_SESSIONS:
+        row = f"| {name} "
+        for runs, base in ((local, base0), (one, base1), (many, base16)):
+            t = statistics.median(runs[name])
+            row += f"| {len(runs[name])} | {t * 1e3:.2f} | {t / base:.2f}x "
+        lines.append(row + "|")
+    lines += [
+        "",
+        "In process: the ASGI app called through httpx's ASGI transport in the benchmark's own process (no",
+        "sockets, no second process), the sessions of all APIs interleaved; the time is the request's at the",
+        "client, which here is the server's work. HTTP: the in-server time of the server process (above).",
+        "",
+    ]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines))
+    print("\n".join(lines))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -17,18 +17,42 @@ import re
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from agentrl.chat import ChatRenderer
 from agentrl.errors import PolicyError
 from agentrl.protocols import FinishReason, Generation, Policy, Sampling, TrajectoryStore
 from agentrl.tools import get_parser
-from agentrl.types import EpisodeFailure, StopReason, Trajectory, TrajectoryMeta
+from agentrl.types import EpisodeFailure, Message, StopReason, Trajectory, TrajectoryMeta
 
 from .session import GatewayConfig, Session
-from .wire import GatewayError, completion_body, parse_chat_request
+from .wire import ChatRequest, GatewayError, WireMessage, completion_body, parse_chat_request
+from .wire_anthropic import MESSAGES_API, message_body, parse_messages_request
+from .wire_anthropic import new_id as new_message_id
+from .wire_responses import RESPONSES_API, parse_responses_request, response_body
 
-__all__ = ["GatewayCore"]
+__all__ = ["CHAT_API", "GatewayCore", "Turn"]
+
+CHAT_API = "chat.completions"
+"""The API name of ``/v1/chat/completions`` requests (see :meth:`GatewayCore.turn`)."""
+
+FinishKind = Literal["stop", "tool_calls", "length"]
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One answered model turn, before any API shapes it into a response body."""
+
+    message: Message
+    """The assistant message (parsed content and tool calls)."""
+    finish_reason: FinishKind
+    """``stop`` (end of turn), ``tool_calls`` (end of turn with calls) or ``length`` (cut)."""
+    prompt_tokens: int
+    """The whole context the policy saw."""
+    completion_tokens: int
+    """Tokens sampled."""
+
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +90,10 @@ class GatewayCore:
         self.sessions: dict[str, Session] = {}
         self._finished: set[str] = set()
         self._results: dict[str, tuple[Trajectory, ...]] = {}
+        self._apis: dict[str, str] = {}
+        """The API each session speaks (its first model turn's)."""
+        self.stored: dict[str, dict[str, Any]] = {}
+        """Per session, what each API keeps between requests (the Responses API's stored responses)."""
         self.created = int(time.time())
 
     def _tools_in_template(self) -> bool:
@@ -73,8 +101,6 @@ class GatewayCore:
         if mode != "auto":
             return mode == "template"
         probe = [{"type": "function", "function": {"name": "probe_tool", "parameters": {"type": "object"}}}]
-        from agentrl.types import Message
-
         msgs = [Message("user", "x")]
         with_tools = self.renderer.render_text(msgs, tools=probe, add_generation_prompt=False)
         return with_tools != self.renderer.render_text(msgs, add_generation_prompt=False)
@@ -136,7 +162,89 @@ class GatewayCore:
         (the client went away) leaves the session as if the request had not been made.
         """
         req = parse_chat_request(body)
+        done = await self.turn(sid, req, api=CHAT_API)
+        body_out = completion_body(
+            id=f"chatcmpl-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=self.config.model_name,
+            message=done.message,
+            finish_reason=done.finish_reason,
+            prompt_tokens=done.prompt_tokens,
+            completion_tokens=done.completion_tokens,
+        )
+        return req.stream, req.include_usage, body_out
+
+    async def responses(self, sid: str, body: Any) -> tuple[bool, dict[str, Any]]:
+        """Answer one Responses-API request of session ``sid``: ``(stream, response object)``.
+
+        ``previous_response_id`` must name a stored response of the same session; its conversation comes
+        before the request's input. With ``store`` (the default) the answer is kept for a later request.
+        """
+        req = parse_responses_request(body)
+        stored = self.stored.get(sid, {})
+        history: tuple[WireMessage, ...] = ()
+        if req.previous_response_id is not None:
+            if req.previous_response_id not in stored:
+                raise GatewayError(
+                    400,
+                    f"previous response {req.previous_response_id!r} is not stored in session {sid!r} (a "
+                    "response is stored when it was made with store true, in the same session)",
+                    param="previous_response_id",
+                    code="previous_response_not_found",
+                )
+            history = stored[req.previous_response_id]
+        done = await self.turn(sid, req.with_history(history), api=RESPONSES_API)
+        rid = f"resp_{uuid.uuid4().hex}"
+        out = response_body(
+            req,
+            id=rid,
+            created=int(time.time()),
+            model=self.config.model_name,
+            message=done.message,
+            finish_reason=done.finish_reason,
+            prompt_tokens=done.prompt_tokens,
+            completion_tokens=done.completion_tokens,
+        )
+        if req.store:
+            self.stored.setdefault(sid, {})[rid] = (*history, *req.input, WireMessage.of(done.message))
+        return req.chat.stream, out
+
+    async def messages(self, sid: str, body: Any) -> tuple[bool, dict[str, Any]]:
+        """Answer one Anthropic Messages request of session ``sid``: ``(stream, message object)``."""
+        req = parse_messages_request(body)
+        done = await self.turn(sid, req, api=MESSAGES_API)
+        out = message_body(
+            id=new_message_id(),
+            model=self.config.model_name,
+            message=done.message,
+            finish_reason=done.finish_reason,
+            prompt_tokens=done.prompt_tokens,
+            completion_tokens=done.completion_tokens,
+        )
+        return req.stream, out
+
+    def session_api(self, sid: str) -> str | None:
+        """The API session ``sid`` speaks (set by its first model turn), or None."""
+        return self._apis.get(sid)
+
+    async def turn(self, sid: str, req: ChatRequest, *, api: str) -> Turn:
+        """One model turn of session ``sid``: the one recording path of every API.
+
+        ``req`` is the request translated to the chat-completions form (each API's wire module does that);
+        it is rendered with the chat template, prefix-checked against the session's stream (or split, with a
+        reason), sampled, and recorded, whatever API it came from. ``api`` names the request's API: a
+        session speaks one (a 400 ``mixed_apis`` otherwise), because the APIs echo a turn back differently
+        and a session's record must compare like with like.
+        """
         s = self._session(sid, create=self.auto_sessions)
+        spoken = self._apis.get(sid)
+        if spoken is not None and spoken != api:
+            raise GatewayError(
+                400,
+                f"session {sid!r} speaks the {spoken} API; a session may not mix APIs (this request is "
+                f"{api}): use one session per conversation and one API per session",
+                code="mixed_apis",
+            )
         if s.lock.locked():
             raise GatewayError(
                 409,
@@ -148,6 +256,7 @@ class GatewayCore:
             if sid in self._finished:
                 raise GatewayError(409, f"session {sid!r} is already finished", code="session_finished")
             prompt = s.prepare(req)
+            self._apis[sid] = api
             cap = min(req.max_tokens or self.config.max_new_tokens, self.config.max_new_tokens)
             max_new = min(cap, self.config.max_total_tokens - len(prompt))
             fixed = self.config.temperature
@@ -170,21 +279,17 @@ class GatewayCore:
             finally:
                 s.timings["generate"] += time.perf_counter() - t0
             cand = s.accept(gen, req, cut_by_budget=max_new < cap)
-        finish = (
+        finish: FinishKind = (
             "length"
             if not self.renderer.is_stop(gen.token_ids[-1])
             else ("tool_calls" if cand.message.tool_calls else "stop")
         )
-        body_out = completion_body(
-            id=f"chatcmpl-{uuid.uuid4().hex}",
-            created=int(time.time()),
-            model=self.config.model_name,
-            message=cand.message,
-            finish_reason=finish,
-            prompt_tokens=len(prompt),
-            completion_tokens=len(gen.token_ids),
-        )
-        return req.stream, req.include_usage, body_out
+        return Turn(cand.message, finish, len(prompt), len(gen.token_ids))
+
+    def count_tokens(self, req: ChatRequest) -> int:
+        """How many tokens the policy would see for ``req`` as a session's first request (no session)."""
+        # A throwaway session renders it exactly as a first request would be (tools, instructions).
+        return len(self._new("count-tokens", None)._start(req))
 
     def _check(self, gen: Any, max_new: int) -> Generation:
         """What a policy must never return (engine-side wrong ids, pitfall §15.5)."""
@@ -280,6 +385,8 @@ class GatewayCore:
                 await self.store.append(t)
         self._finished.add(s.id)
         self.sessions.pop(s.id, None)
+        self._apis.pop(s.id, None)
+        self.stored.pop(s.id, None)
         return trajs
 
     async def close(self) -> int:
@@ -293,6 +400,7 @@ class GatewayCore:
                 n += 1
             else:
                 self.sessions.pop(sid, None)
+                self._apis.pop(sid, None)
         return n
 
 

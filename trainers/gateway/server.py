@@ -3,15 +3,20 @@
 Routes (``<sid>`` is the session id)::
 
     POST /s/<sid>/v1/chat/completions   answer one turn (JSON, or server-sent events with "stream": true)
-    GET  /s/<sid>/v1/models             the one model served
+    POST /s/<sid>/v1/responses          the same turn in the OpenAI Responses API (wire_responses.py)
+    POST /s/<sid>/v1/messages           the same turn in the Anthropic Messages API (wire_anthropic.py)
+    POST /s/<sid>/v1/messages/count_tokens  the prompt tokens of a Messages body (no session state)
+    GET  /s/<sid>/v1/models             the one model served (Anthropic's form with anthropic-version)
     POST /s/<sid>/finish                {"reward": float, "info": {...}}: record the session, close it
     GET  /health                        {"ok": true, "open_sessions": n}
 
-Every error is an OpenAI-style JSON body with a 4xx/5xx status. A client that disconnects while its turn is
-being sampled cancels the sampling; the session is left as if the request had not been made.
+Every error is an OpenAI-style JSON body with a 4xx/5xx status (Anthropic's shape on its routes). A client
+that disconnects while its turn is being sampled cancels the sampling; the session is left as if the request
+had not been made.
 
 Authentication: with an ``api_key`` every route but ``/health`` needs ``Authorization: Bearer <key>`` (the
-header the ``openai`` client sends for its ``api_key``), else a 401. Without one, any key is accepted, which
+header the ``openai`` client sends for its ``api_key``) or ``x-api-key: <key>`` (the ``anthropic``
+client's), else a 401. Without one, any key is accepted, which
 is only safe on a loopback address: whoever reaches the port can open sessions and finish them with any
 reward, i.e. write trajectories and rewards straight into training. :class:`Gateway` therefore refuses a
 non-loopback ``host`` without a key unless ``allow_unauthenticated`` is set.
@@ -28,7 +33,7 @@ import logging
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import uvicorn
@@ -43,9 +48,11 @@ from agentrl.errors import ConfigError
 from agentrl.protocols import Policy, TrajectoryStore
 from agentrl.types import Trajectory, TrajectoryMeta
 
-from .core import GatewayCore
+from .core import CHAT_API, GatewayCore
 from .session import GatewayConfig
 from .wire import GatewayError, parse_finish, stream_chunks
+from .wire_anthropic import MESSAGES_API, anthropic_error, message_events, models_body, parse_messages_request
+from .wire_responses import RESPONSES_API, encode_events, response_events
 
 __all__ = ["Gateway", "build_app", "check_exposure", "is_loopback"]
 
@@ -101,35 +108,71 @@ def check_exposure(host: str, api_key: str | None, *, allow_unauthenticated: boo
         )
 
 
+def _api_of(request: Request) -> str:
+    """The API whose error shape a request gets: Anthropic's for its routes and for clients that send the
+    ``anthropic-version`` header, OpenAI's otherwise."""
+    if "/v1/messages" in request.url.path or "anthropic-version" in request.headers:
+        return MESSAGES_API
+    return CHAT_API
+
+
+def _api_error(api: str, e: GatewayError) -> JSONResponse:
+    """``e`` in the error shape the API's real client parses."""
+    if api == MESSAGES_API:
+        return JSONResponse(anthropic_error(e), status_code=e.status)
+    return _error(e)
+
+
 def _unauthorized(request: Request, api_key: str | None) -> JSONResponse | None:
-    """A 401 body when ``api_key`` is set and the request does not carry it as a Bearer token."""
+    """A 401 body when ``api_key`` is set and the request carries it neither as a Bearer token (the openai
+    client's ``api_key``, the anthropic client's ``auth_token``) nor as ``x-api-key`` (the anthropic
+    client's ``api_key``)."""
     if api_key is None:
         return None
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode()):
         return None
-    why = "no Authorization header" if not header else "the Authorization header does not carry the key"
-    return _error(
+    x_key = request.headers.get("x-api-key")
+    if x_key is not None and hmac.compare_digest(x_key.strip().encode(), api_key.encode()):
+        return None
+    if header:
+        why = "the Authorization header does not carry the key"
+    elif x_key is not None:
+        why = "the x-api-key header does not carry the key"
+    else:
+        why = "no Authorization header (nor x-api-key)"
+    return _api_error(
+        _api_of(request),
         GatewayError(
             401,
-            f"{why}: this gateway needs 'Authorization: Bearer <key>' (the openai client's api_key)",
+            f"{why}: this gateway needs 'Authorization: Bearer <key>' (the openai client's api_key) or "
+            "'x-api-key: <key>' (the anthropic client's api_key)",
             kind="authentication_error",
             code="invalid_api_key",
-        )
+        ),
     )
 
 
 def _log_request(sid: str, status: int, out: dict[str, Any] | None, t0: float, in_flight: int) -> None:
-    usage = (out or {}).get("usage") or {}
-    finish = ((out or {}).get("choices") or [{}])[0].get("finish_reason", "-")
+    out = out or {}
+    usage = out.get("usage") or {}
+    # chat completions: choices[0].finish_reason; responses: status; messages: stop_reason
+    finish = (out.get("choices") or [{}])[0].get("finish_reason") or out.get("stop_reason")
+    if finish is None and out.get("object") == "response":
+        finish = out.get("status")
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens", "-"))
+    completion = usage.get("completion_tokens", usage.get("output_tokens", "-"))
     print(
-        f"gateway: session {sid} {status} prompt_tokens={usage.get('prompt_tokens', '-')} "
-        f"completion_tokens={usage.get('completion_tokens', '-')} finish={finish} "
-        f"latency={time.perf_counter() - t0:.2f}s in_flight={in_flight}",
+        f"gateway: session {sid} {status} prompt_tokens={prompt} completion_tokens={completion} "
+        f"finish={finish or '-'} latency={time.perf_counter() - t0:.2f}s in_flight={in_flight}",
         file=sys.stderr,
         flush=True,
     )
+
+
+Answer = tuple[bool, dict[str, Any], Callable[[], Iterable[str]]]
+"""What a turn route's core call returns: stream or not, the response body, its server-sent events."""
 
 
 def build_app(core: GatewayCore, *, api_key: str | None = None, log_requests: bool = False) -> Starlette:
@@ -144,27 +187,48 @@ def build_app(core: GatewayCore, *, api_key: str | None = None, log_requests: bo
     """
     in_flight = 0
 
-    async def chat(request: Request) -> Response:
-        nonlocal in_flight
-        if (denied := _unauthorized(request, api_key)) is not None:
-            return denied
-        sid = request.path_params["sid"]
-        t0, others = time.perf_counter(), in_flight
-        in_flight += 1
-        try:
-            response, out = await _chat(request, sid)
-        finally:
-            in_flight -= 1
-        if log_requests:
-            _log_request(sid, response.status_code, out, t0, others + 1)
-        return response
+    async def answer_chat(sid: str, body: Any) -> Answer:
+        stream, include_usage, out = await core.chat(sid, body)
+        chunks = lambda: [  # noqa: E731
+            *(f"data: {json.dumps(c)}\n\n" for c in stream_chunks(out, include_usage=include_usage)),
+            "data: [DONE]\n\n",
+        ]
+        return stream, out, chunks
 
-    async def _chat(request: Request, sid: str) -> tuple[Response, dict[str, Any] | None]:
+    async def answer_responses(sid: str, body: Any) -> Answer:
+        stream, out = await core.responses(sid, body)
+        return stream, out, lambda: encode_events(response_events(out))
+
+    async def answer_messages(sid: str, body: Any) -> Answer:
+        stream, out = await core.messages(sid, body)
+        return stream, out, lambda: encode_events(message_events(out))
+
+    def turn_route(api: str, call: Callable[[str, Any], Awaitable[Answer]]) -> Callable[..., Any]:
+        async def route(request: Request) -> Response:
+            nonlocal in_flight
+            if (denied := _unauthorized(request, api_key)) is not None:
+                return denied
+            sid = request.path_params["sid"]
+            t0, others = time.perf_counter(), in_flight
+            in_flight += 1
+            try:
+                response, out = await _turn(request, sid, api, call)
+            finally:
+                in_flight -= 1
+            if log_requests:
+                _log_request(sid, response.status_code, out, t0, others + 1)
+            return response
+
+        return route
+
+    async def _turn(
+        request: Request, sid: str, api: str, call: Callable[[str, Any], Awaitable[Answer]]
+    ) -> tuple[Response, dict[str, Any] | None]:
         try:
             body = await _json_body(request)
         except GatewayError as e:
-            return _error(e), None
-        work = asyncio.ensure_future(core.chat(sid, body))
+            return _api_error(api, e), None
+        work = asyncio.ensure_future(call(sid, body))
         gone = asyncio.ensure_future(_until_disconnected(request.receive))
         await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         if not work.done():  # the client went away mid-generation: stop sampling for nobody
@@ -173,25 +237,35 @@ def build_app(core: GatewayCore, *, api_key: str | None = None, log_requests: bo
             return Response(status_code=499), None
         gone.cancel()
         try:
-            stream, include_usage, out = work.result()
+            stream, out, events = work.result()
         except GatewayError as e:
-            return _error(e), None
+            return _api_error(api, e), None
         except Exception as e:  # a bug: answer it, keep serving
             log.exception("session %s: unexpected error", sid)
-            return _error(GatewayError(500, f"internal error: {e!r}", kind="server_error")), None
+            return _api_error(api, GatewayError(500, f"internal error: {e!r}", kind="server_error")), None
         if not stream:
             return JSONResponse(out), out
 
-        async def events() -> AsyncIterator[str]:
-            for c in stream_chunks(out, include_usage=include_usage):
-                yield f"data: {json.dumps(c)}\n\n"
-            yield "data: [DONE]\n\n"
+        async def sse() -> AsyncIterator[str]:
+            for e in events():
+                yield e
 
-        return StreamingResponse(events(), media_type="text/event-stream"), out
+        return StreamingResponse(sse(), media_type="text/event-stream"), out
+
+    async def count_tokens(request: Request) -> Response:
+        if (denied := _unauthorized(request, api_key)) is not None:
+            return denied
+        try:
+            req = parse_messages_request(await _json_body(request), count_only=True)
+            return JSONResponse({"input_tokens": core.count_tokens(req)})
+        except GatewayError as e:
+            return _api_error(MESSAGES_API, e)
 
     async def models(request: Request) -> Response:
         if (denied := _unauthorized(request, api_key)) is not None:
             return denied
+        if _api_of(request) == MESSAGES_API:  # the anthropic client lists models in its own form
+            return JSONResponse(models_body(core.config.model_name, core.created))
         return JSONResponse(core.models())
 
     async def finish(request: Request) -> Response:
@@ -234,16 +308,19 @@ def build_app(core: GatewayCore, *, api_key: str | None = None, log_requests: bo
         status = exc.status_code if isinstance(exc, HTTPException) else 404
         hint = (
             "no such route; an agent's base_url is http://HOST:PORT/s/<session_id>/v1 "
-            "(POST chat/completions, GET models) and POST /s/<session_id>/finish ends a session"
+            "(POST chat/completions, responses; GET models), an anthropic client's http://HOST:PORT/s/"
+            "<session_id> (POST v1/messages), and POST /s/<session_id>/finish ends a session"
         )
         msg = f"{request.method} {request.url.path}: {'method not allowed' if status == 405 else hint}"
-        return _error(
-            GatewayError(status, msg, kind="not_found_error" if status == 404 else "invalid_request_error")
-        )
+        kind = "not_found_error" if status == 404 else "invalid_request_error"
+        return _api_error(_api_of(request), GatewayError(status, msg, kind=kind))
 
     return Starlette(
         routes=[
-            Route("/s/{sid}/v1/chat/completions", chat, methods=["POST"]),
+            Route("/s/{sid}/v1/chat/completions", turn_route(CHAT_API, answer_chat), methods=["POST"]),
+            Route("/s/{sid}/v1/responses", turn_route(RESPONSES_API, answer_responses), methods=["POST"]),
+            Route("/s/{sid}/v1/messages", turn_route(MESSAGES_API, answer_messages), methods=["POST"]),
+            Route("/s/{sid}/v1/messages/count_tokens", count_tokens, methods=["POST"]),
             Route("/s/{sid}/v1/models", models, methods=["GET"]),
             Route("/s/{sid}/finish", finish, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
@@ -320,6 +397,11 @@ class Gateway:
     def base_url(self, session_id: str) -> str:
         """The OpenAI ``base_url`` of a session: ``http://HOST:PORT/s/<session_id>/v1``."""
         return f"{self.url}/s/{session_id}/v1"
+
+    def anthropic_base_url(self, session_id: str) -> str:
+        """The Anthropic ``base_url`` of a session (the client adds ``/v1/messages``):
+        ``http://HOST:PORT/s/<session_id>``."""
+        return f"{self.url}/s/{session_id}"
 
     def open_session(self, meta: TrajectoryMeta | None = None, session_id: str | None = None) -> str:
         """Open a session whose trajectories carry ``meta``; return its id."""
