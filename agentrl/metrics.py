@@ -115,6 +115,9 @@ PLOT_GROUPS: dict[str, tuple[str, ...]] = {
 }
 """One PNG per group; a metric missing from the run is skipped (a synchronous run has no staleness)."""
 
+_ALWAYS_PLOTTED = frozenset({"reward", "grad_norm"})
+"""Groups drawn even when every value is 0 (a run that earns nothing, or learns nothing, shows it)."""
+
 _STYLES = (("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."))
 """Marker and line style per line of a plot: lines that coincide (reward/mean and pass_rate with 0/1
 rewards) stay distinguishable."""
@@ -129,7 +132,7 @@ def plot_run(
     """Write one PNG per metric group of :data:`PLOT_GROUPS` that has data, and ``held_out.png`` when the
     run has its evaluation (``eval.json``); return their paths. A group whose every value is 0 (staleness in
     a synchronous run, tool calls of an env without tools) is not drawn as a flat line: its name goes to
-    ``skipped`` when given."""
+    ``skipped`` when given. Rewards and the gradient norm are always drawn: their zeros are the finding."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -152,7 +155,7 @@ def plot_run(
         }
         if not series:
             continue
-        if all(y == 0 for pts in series.values() for _, y in pts):
+        if name not in _ALWAYS_PLOTTED and all(y == 0 for pts in series.values() for _, y in pts):
             if skipped is not None:
                 skipped.append(name)
             continue

@@ -87,6 +87,11 @@ def test_metrics_log_truncate_and_plot(tmp_path):
     skipped: list[str] = []
     pngs = plot_run(tmp_path, skipped=skipped)
     assert {p.name for p in pngs} == {"reward.png", "grad_norm.png"} and skipped == ["staleness"]
+    zeros = tmp_path / "zeros"  # a run that earned and learned nothing still gets those two plots
+    MetricsLogger(zeros).log(0, {"reward/mean": 0.0, "learn/grad_norm": 0.0, "tools/calls_per_episode": 0.0})
+    skipped = []
+    assert {p.name for p in plot_run(zeros, skipped=skipped)} == {"reward.png", "grad_norm.png"}
+    assert skipped == ["tools"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     with pytest.raises(ConfigError, match="unknown metrics backend"):
         MetricsLogger(tmp_path, backends=["mlflow"])
