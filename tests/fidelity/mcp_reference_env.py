@@ -9,7 +9,9 @@ are the projects' own reference servers, run on a temporary git repository.
 
 from __future__ import annotations
 
+import atexit
 import functools
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,6 +30,7 @@ EVERYTHING = NPM / "@modelcontextprotocol" / "server-everything" / "dist" / "ind
 def temp_repo() -> Path:
     """A git repository with one commit (for mcp-server-git), one per process (its tools only read)."""
     repo = Path(tempfile.mkdtemp(prefix="agentrl-mcp-git-"))
+    atexit.register(shutil.rmtree, repo, ignore_errors=True)
     git = ["git", "-C", str(repo), "-c", "user.email=t@example.com", "-c", "user.name=t"]
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     (repo / "notes.txt").write_text("first note\n")

