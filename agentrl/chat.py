@@ -131,12 +131,48 @@ class ChatRenderer:
         """Control tokens of the tokenizer (BOS, EOS, ChatML markers...)."""
         self._special_map = dict(getattr(tokenizer, "special_tokens_map", {}) or {})
         self._render_fn = _make_render_fn(self.chat_template)
+        self._history_policy: str | None = None
         self._gen_prompt = self._generation_prompt_text()
 
     @property
     def tokenizer_info(self) -> TokenizerInfo | None:
         """The tokenizer's identity (name, vocabulary size, fingerprint), recorded with each trajectory."""
         return tokenizer_info(self.tokenizer)
+
+    @property
+    def history_policy(self) -> str:
+        """How the template shows an earlier turn once the conversation goes on (a deployment's view).
+
+        A deployment that re-renders the chat shows the model this, next to the token stream it sampled from:
+
+        * ``"verbatim"``: an earlier turn is rendered as it was sampled, reasoning included;
+        * ``"strips_reasoning"``: a turn's ``<think>`` block is dropped once a new user message follows
+          (Qwen3, DeepSeek). The rollout keeps the tokens the model saw and raises TemplateError at such
+          a turn (not append-only), so training never silently mixes the two views;
+        * ``"refuses"``: the template does not render sampled text as an assistant message at all
+          (gpt-oss's refuses harmony tags in ``content``).
+
+        Recorded in each trajectory (``meta.extra["template_history"]``); docs/fidelity.md has the
+        per-template table.
+        """
+        if self._history_policy is None:
+            policy = "verbatim"
+            # Reasoning as <think> (Qwen3, DeepSeek) and as harmony's analysis channel (gpt-oss).
+            for turn in (
+                "<think>\nagentrl-probe\n</think>\n\nb",
+                "<|channel|>analysis<|message|>agentrl-probe<|end|><|start|>assistant<|channel|>final<|message|>b",
+            ):
+                probe = [Message("user", "a"), Message("assistant", turn), Message("user", "c")]
+                try:
+                    text = self.render_text(probe, add_generation_prompt=True)
+                except TemplateError:
+                    policy = "refuses"
+                    break
+                if "agentrl-probe" not in text:
+                    policy = "strips_reasoning"
+                    break
+            self._history_policy = policy
+        return self._history_policy
 
     def _generation_prompt_text(self) -> str | None:
         """The text ``add_generation_prompt`` appends, if it does not depend on the conversation."""

@@ -440,6 +440,15 @@ class _Episode:
             policy_version=self.start_version,  # build_trajectory: the oldest turn's, if any turn ran
             episode_id=meta.episode_id or uuid.uuid4().hex,
         )
+        # An env that offers tools names the format it reads them in; the trainer's tool-use alarm needs it
+        # to tell "the model made no call" from "the model's calls were in a format nobody read".
+        fmt = getattr(env, "tool_format", None)
+        extra = dict(meta.extra)
+        if isinstance(fmt, str) and fmt:
+            extra.setdefault("tool_format", fmt)
+        # What a deployment re-rendering this chat would show the model next to what it sampled from.
+        extra.setdefault("template_history", renderer.history_policy)
+        meta = dataclasses.replace(meta, extra=extra)
         self.timings["total"] = time.perf_counter() - self.t_start
         traj = build_trajectory(
             self.pieces,

@@ -142,6 +142,7 @@ class ToolEnv(Env):
         if not tools_in_prompt:
             self.tools = tuple(self.executor.schemas)  # type: ignore[misc]
         self._needs_sandbox = any(t.needs_sandbox for t in tool_list)
+        self._offers_tools = bool(tool_list)
         self._factory = sandbox_factory
         self._pool = sandbox_pool
         self._sandbox: _EpisodeSandbox | None = None
@@ -149,6 +150,12 @@ class ToolEnv(Env):
         self.context = ToolContext()
         self.turn = 0
         self.done = True
+
+    @property
+    def tool_format(self) -> str | None:
+        """The format the env reads calls in (its parser's name) when it offers tools, else None. The
+        rollout records it in each trajectory (``meta.extra["tool_format"]``) for the tool-use alarm."""
+        return self.parser.name if self._offers_tools else None
 
     @property
     def needs_sandbox(self) -> bool:

@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 from agentrl.protocols import Tool
 from agentrl.types import ToolCall, ToolStatus
 
-__all__ = ["CallError", "ParsedTurn", "ToolCallParser", "read_json_calls"]
+__all__ = ["CallError", "ParsedTurn", "ToolCallParser", "call_region", "read_json_calls"]
 
 _NAME = re.compile(r'"name"\s*:\s*"([^"\\]{1,100})"')
 
@@ -72,6 +72,18 @@ class ToolCallParser(Protocol):
     def format_output(self, name: str, content: str) -> str:
         """The text of the tool message that answers a call to ``name`` with ``content``."""
         ...
+
+
+def call_region(text: str) -> tuple[int, int]:
+    """The ``(start, end)`` of ``text`` where calls count: outside its ``<think>`` reasoning. A call a model
+    writes while reasoning is a thought, not a call; transformers' response templates and vLLM's reasoning
+    parsers read it so too. After the last ``</think>`` when there is one (templates that pre-write
+    ``<think>`` leave only the closing tag in the sample); else before an unclosed ``<think>``."""
+    close = text.rfind("</think>")
+    if close >= 0:
+        return close + len("</think>"), len(text)
+    opened = text.find("<think>")
+    return 0, opened if opened >= 0 else len(text)
 
 
 def read_json_calls(body: str, hint: str, *, empty: str = "Empty tool call.") -> list[tuple[str, str, str]]:

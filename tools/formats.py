@@ -37,7 +37,7 @@ from typing import Any
 from agentrl.protocols import Tool
 from agentrl.types import ToolCall, ToolStatus
 
-from ._calls import CallError, ParsedTurn, read_json_calls
+from ._calls import CallError, ParsedTurn, call_region, read_json_calls
 from .answers import extract_answer
 
 __all__ = [
@@ -199,7 +199,8 @@ class Qwen3CoderParser:
     Parameter values are raw text, converted with the tool's JSON schema (from :meth:`format_instructions`
     or ``tools=``): integers, numbers, booleans, null, objects and arrays are decoded, strings kept as
     written; a parameter without a known schema stays a string. ``<function=...>`` without the
-    ``<tool_call>`` wrapper is accepted, and so is a block cut off at the end of the turn.
+    ``<tool_call>`` wrapper is accepted, and so is a block cut off at the end of the turn. A block inside
+    ``<think>`` reasoning is not a call.
     """
 
     name = "qwen3_coder"
@@ -221,7 +222,8 @@ class Qwen3CoderParser:
         """Read every ``<function=...>`` block; its parameters become a JSON object."""
         calls = _Calls(id_prefix)
         hint = f" Write each call as:\n{self.FORMAT}"
-        for m in self._FUNC.finditer(text):
+        start, end = call_region(text)
+        for m in self._FUNC.finditer(text[:end], start):
             name, body = m.group(1).strip(), m.group(2)
             args: dict[str, Any] = {}
             problems = [] if name else ["The call needs a function name: <function=NAME>."]
@@ -238,7 +240,7 @@ class Qwen3CoderParser:
                 problems.append("Put each argument in a <parameter=ARG>...</parameter> block.")
             problem = " ".join(problems) + hint if problems else ""
             calls.add(name, json.dumps(args, ensure_ascii=False), problem)
-        content = self._BLOCK.sub("", text) if calls.calls else text
+        content = text[:start] + self._BLOCK.sub("", text[start:end]) + text[end:] if calls.calls else text
         return calls.turn(content)
 
     def _convert(self, tool: str, key: str, raw: str) -> tuple[Any, str]:

@@ -29,7 +29,7 @@ from agentrl.errors import ConfigError
 from agentrl.protocols import Tool
 from agentrl.types import ToolCall, ToolStatus
 
-from ._calls import CallError, ParsedTurn, ToolCallParser, read_json_calls
+from ._calls import CallError, ParsedTurn, ToolCallParser, call_region, read_json_calls
 from .answers import extract_answer
 from .formats import DeepSeekV3Parser, HarmonyParser, LlamaJsonParser, MistralParser, Qwen3CoderParser
 
@@ -50,6 +50,7 @@ class HermesParser:
 
     Accepted leniently: ``"parameters"`` for ``"arguments"``, arguments given as a JSON string, a JSON list of
     calls in one block, a ```json fence inside the block, and an unclosed block at the very end of the turn.
+    A block inside ``<think>`` reasoning is not a call (see :func:`~agentrl.tools._calls.call_region`).
     ``content`` is the text outside the blocks, which is what these templates put before their own
     ``<tool_call>`` rendering.
     """
@@ -64,7 +65,8 @@ class HermesParser:
         """Split ``text`` into content, ``<tool_call>`` calls, per-call parse errors and the final answer."""
         calls: list[ToolCall] = []
         errors: list[CallError] = []
-        for m in self._BLOCK.finditer(text):
+        start, end = call_region(text)
+        for m in self._BLOCK.finditer(text, start, end):
             body = m.group(1).strip()
             fenced = self._FENCE.match(body)
             if fenced:
@@ -74,8 +76,8 @@ class HermesParser:
                 calls.append(ToolCall(call_id, name, args))
                 if problem:
                     errors.append(CallError(call_id, ToolStatus.PARSE_ERROR, problem))
-        content = self._BLOCK.sub("", text).strip() if calls else text.strip()
-        return ParsedTurn(content, tuple(calls), tuple(errors), extract_answer(content))
+        content = (text[:start] + self._BLOCK.sub("", text[start:end]) + text[end:]) if calls else text
+        return ParsedTurn(content.strip(), tuple(calls), tuple(errors), extract_answer(content.strip()))
 
     def _read(self, body: str) -> list[tuple[str, str, str]]:
         """``(name, raw arguments, problem)`` for each call in one block; ``problem`` is "" when fine."""

@@ -59,6 +59,7 @@ from agentrl.trainers.step_metrics import (
     format_row,
     stalled_update_warning,
     token_limit_warning,
+    tool_use_alarm,
 )
 from agentrl.trainers.train_setup import TrainConfig
 
@@ -337,13 +338,16 @@ async def run_steps(s: Session, after_step: Callable[[int], Awaitable[None]]) ->
                 in_flight=in_flight,
             )
             t_prev = now
+            trajs = [t for g in groups for t in g]
+            alarm = tool_use_alarm(trajs)
+            row.update(alarm.metrics)
             s.metrics.log(k, row)
             line = format_row(k, row)
             if overlap:
                 line = format_async_row(k, row, staleness=max(plan.staleness, default=0))
             print(line)
-            trajs = [t for g in groups for t in g]
-            for warning in (token_limit_warning(trajs, cfg.rollout), stalled_update_warning(row)):
+            warnings = (token_limit_warning(trajs, cfg.rollout), stalled_update_warning(row), alarm.warning)
+            for warning in warnings:
                 if warning is not None:
                     print(f"step {k}: {warning}", file=sys.stderr)
             await after_step(k)

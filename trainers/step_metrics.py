@@ -10,18 +10,25 @@ from agentrl.episode import RolloutConfig
 from agentrl.types import StopReason, ToolStatus, Trajectory
 
 __all__ = [
+    "PARSE_FAIL_WARN_FRAC",
     "TOKEN_LIMIT_STOPS",
     "UNCHANGED_WARN_FRAC",
     "Progress",
+    "ToolUseAlarm",
     "episode_metrics",
     "format_async_row",
     "format_row",
     "stalled_update_warning",
     "token_limit_warning",
+    "tool_use_alarm",
 ]
 
 UNCHANGED_WARN_FRAC = 0.5
 """A step that leaves more than this fraction of the master weights exactly unchanged is warned about."""
+
+
+PARSE_FAIL_WARN_FRAC = 0.5
+"""A step where more than this fraction of the attempted tool calls failed to parse is warned about."""
 
 
 TOKEN_LIMIT_STOPS = frozenset({StopReason.TURN_TOKENS, StopReason.MAX_TOKENS})
@@ -68,6 +75,65 @@ def _last_turn_len(t: Trajectory) -> int:
 
     model = [g for g in t.segments if g.source is TokenSource.MODEL]
     return model[-1].end - model[-1].start if model else 0
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolUseAlarm:
+    """Whether a step's model used the tools its env offered, in the format the run reads.
+
+    Empty (no metrics, no warning) for a step whose episodes record no tool format: envs without tools.
+    """
+
+    metrics: dict[str, float]
+    """``tools/parse_error_frac`` (of the attempted calls), ``tools/foreign_format_frac`` (of the episodes
+    without a parsed call, those whose text reads as a call in another format) and ``tools/alarm`` (1.0 when
+    :attr:`warning` is set)."""
+    warning: str | None
+    """The console warning, or None."""
+
+
+def tool_use_alarm(
+    trajs: Sequence[Trajectory], *, max_parse_fail: float = PARSE_FAIL_WARN_FRAC
+) -> ToolUseAlarm:
+    """Warn when an env offered tools and the model made no parsed call while its text holds calls in another
+    format (which ``--rollout.tool-format`` would read them), or when more than ``max_parse_fail`` of the
+    attempted calls failed to parse. A run that reads no call can still gain reward on the questions the
+    model answers unaided, so neither failure shows in the reward curve."""
+    from agentrl.tools.sniff import BARE_JSON, foreign_call_format
+
+    ok = [t for t in trajs if not t.infra_failure and isinstance(t.meta.extra.get("tool_format"), str)]
+    if not ok:
+        return ToolUseAlarm({}, None)
+    own = str(ok[0].meta.extra["tool_format"])
+    calls = [r for t in ok for r in t.tool_calls]
+    failed = sum(r.status is ToolStatus.PARSE_ERROR for r in calls)
+    silent = [t for t in ok if not t.tool_calls]
+    seen: dict[str, int] = {}
+    for t in silent:
+        found = next((f for f in (foreign_call_format(a, own) for a in t.actions) if f is not None), None)
+        if found is not None:
+            seen[found] = seen.get(found, 0) + 1
+    warnings = []
+    if not calls and seen:
+        fmt, n = max(seen.items(), key=lambda kv: kv[1])
+        how = (
+            "no shipped format reads a JSON call inside other text: teach the format in the prompt"
+            if fmt == BARE_JSON
+            else f"--rollout.tool-format {fmt} would parse them"
+        )
+        warnings.append(
+            f"the env offers tools but no tool call was parsed ({own} format) in {len(ok)} episodes, while "
+            f"{n} of them wrote calls that look like the {fmt} format; {how}"
+        )
+    if calls and failed > max_parse_fail * len(calls):
+        warnings.append(
+            f"{failed} of {len(calls)} tool calls ({100 * failed / len(calls):.0f} %) failed to parse as the "
+            f"{own} format (over {100 * max_parse_fail:.0f} %); see the tool messages in trajectories.jsonl"
+        )
+    metrics = {
+        "tools/parse_error_frac": failed / len(calls) if calls else 0.0,
+        "tools/foreign_format_frac": sum(seen.values()) / len(ok),
+        "tools/alarm": float(bool(warnings)),
+    }
+    return ToolUseAlarm(metrics, "warning: " + "; and ".join(warnings) if warnings else None)
 
 
 def stalled_update_warning(row: dict[str, float]) -> str | None:
