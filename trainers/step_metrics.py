@@ -75,6 +75,8 @@ def _last_turn_len(t: Trajectory) -> int:
 
     model = [g for g in t.segments if g.source is TokenSource.MODEL]
     return model[-1].end - model[-1].start if model else 0
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ToolUseAlarm:
     """Whether a step's model used the tools its env offered, in the format the run reads.
