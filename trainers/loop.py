@@ -25,6 +25,11 @@ checkpoint's) and resamples the rest (:func:`reusable_groups`); the admission ch
 bound. SIGINT/SIGTERM (the session's ``stop``) end the loop at once, cancelling what runs
 (:func:`until_stopped`).
 
+:func:`run_steps` is the driver: wait until step k is ready, take its batch, judge it (:func:`judge`: what is
+trained, what is dropped and why), update, publish the step's outcome, log. :class:`Leases` owns admission and
+the groups in flight: one :class:`InFlight` record per lease (its seed, its rollout, its group, when it ran)
+and one :class:`StepState` per step not yet trained (its draws, its progress bar, what it reused).
+
 The loop talks to the machinery only through the run's :class:`~agentrl.trainers.runtime.TrainRuntime`
 (``run_groups`` for one group, ``update``, ``publish``, ``version``), so it runs on both runtimes:
 
@@ -174,137 +179,216 @@ def step_row(
     return row
 
 
-async def run_steps(s: Session, after_step: Callable[[int], Awaitable[None]]) -> int:
-    """Train steps ``s.first_step`` .. ``cfg.steps − 1``; call ``after_step(k)`` after each (checkpointing).
-    Returns the next step to train: ``cfg.steps``, or the step during which a stop was requested."""
-    cfg, runtime, sampler = s.cfg, s.runtime, s.task_sampler
-    overlap = cfg.max_staleness > 0
-    B = cfg.groups_per_step  # a step's first draws; refills (dynamic sampling) are draws B, B + 1, ...
-    adm = Admission(cfg.max_staleness, B, on_stale=cfg.on_stale, start_step=s.first_step, end_step=cfg.steps)
-    reuse = reusable_groups(s.run, cfg.group_size, s.first_step)
-    results: dict[int, TrajectoryGroup] = {}
-    spans: dict[int, tuple[float, float]] = {}
-    """Lease index -> (start, end) of its group's generation: a step's generate time is their union's span."""
-    draws: dict[int, StepDraws] = {}  # per step: draws issued, verdicts of those finished (refills)
-    bars: dict[int, Progress] = {}
-    reused_of: dict[int, int] = {}
-    seed_of: dict[int, int] = {}  # lease index -> its task seed (what the step's outcome names)
-    tasks: dict[int, asyncio.Task[None]] = {}
-    wake = asyncio.Event()
-    failure: list[BaseException] = []
+@dataclass
+class InFlight:
+    """One leased group, from its lease to its step's training: the loop's one record of it."""
 
-    async def run_one(lease: Lease, seed: int) -> None:
-        try:
-            meta = TrajectoryMeta(env_id=cfg.env, step=lease.step, policy_version=runtime.version)
-            t0 = time.perf_counter()
-            group = await run_group(s, lease.step, seed, meta, bars[lease.step])
-            spans[lease.index] = (t0, time.perf_counter())
-            finished(lease, group)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as e:  # surfaces in the loop below
-            failure.append(e)
-        finally:
-            tasks.pop(lease.index, None)
-            wake.set()
+    lease: Lease
+    seed: int
+    """Its task seed (what the step's outcome names)."""
+    task: asyncio.Task[None] | None = None
+    """Its rollout while it runs (None once it finished, or for a group reused from disk)."""
+    group: TrajectoryGroup | None = None
+    """The finished group."""
+    span: tuple[float, float] | None = None
+    """(start, end) of its generation; None for a reused group (it took none)."""
 
-    def finished(lease: Lease, group: TrajectoryGroup) -> None:
-        results[lease.index] = group
-        adm.complete(lease, oldest_version(group))
-        draws[lease.step].record(group_verdict(group))
 
-    def start(lease: Lease) -> None:
-        from agentrl.rollout import task_id
+@dataclass
+class StepState:
+    """One step's draws before it trains: what was issued and judged (refills), its bar, what was reused."""
 
-        seed = seed_of[lease.index] = sampler.task(lease.step, lease.slot)
-        old = reuse.pop((lease.step, task_id(cfg.env, seed)), None)
-        if old is not None:
-            reused_of[lease.step] = reused_of.get(lease.step, 0) + old.num_episodes
-            finished(lease, old)
-        else:
-            tasks[lease.index] = asyncio.ensure_future(run_one(lease, seed))
+    draws: StepDraws
+    bar: Progress
+    reused: int = 0
+    """Episodes of the step reused from disk (a resume)."""
 
-    def lease_more() -> None:
+
+@dataclass
+class Taken:
+    """A step's batch as :meth:`Leases.take` hands it over: the plan and the groups it names."""
+
+    plan: StepPlan
+    groups: list[TrajectoryGroup]
+    """The trained leases' groups, in the order they finished."""
+    seeds: list[int]
+    """Their task seeds."""
+    dropped: list[DroppedGroup]
+    """The plan's dropped groups that had a task, with the reason."""
+    spans: list[tuple[float, float]]
+    """Generation spans of the trained groups that ran in this process."""
+    state: StepState
+
+
+class Leases:
+    """Admission, leasing and the groups in flight of a running loop (:func:`run_steps` drives it)."""
+
+    def __init__(self, s: Session):
+        self.s, cfg = s, s.cfg
+        self.B = cfg.groups_per_step  # a step's first draws; refills (dynamic sampling) are draws B, B + 1...
+        self.adm = Admission(
+            cfg.max_staleness, self.B, on_stale=cfg.on_stale, start_step=s.first_step, end_step=cfg.steps
+        )
+        self.reuse = reusable_groups(s.run, cfg.group_size, s.first_step)
+        self.leased: dict[int, InFlight] = {}
+        """Lease index -> its record, from the lease until its step takes it."""
+        self.steps: dict[int, StepState] = {}
+        self.wake = asyncio.Event()
+        """Set whenever a group finishes or fails: the driver looks again."""
+        self.failure: list[BaseException] = []
+
+    def running(self) -> int:
+        """Groups whose rollout is running now."""
+        return sum(1 for r in self.leased.values() if r.task is not None)
+
+    def lease_more(self) -> None:
+        """Lease every group the admission rules allow now: refills first, oldest step first (they count in
+        flight, so the bound holds with them), then the next groups of the data order."""
+        cfg, version = self.s.cfg, self.s.runtime.version
         while True:
-            # Refills first, oldest step first: they are counted in flight, so the bound holds with them.
-            refill = [j for j in sorted(draws) if draws[j].need() and adm.can_refill(j, runtime.version)]
+            refill = [j for j in sorted(self.steps) if self.steps[j].draws.need()]
+            refill = [j for j in refill if self.adm.can_refill(j, version)]
             if refill:
-                j = refill[0]
-                if draws[j].drawn >= B:
-                    bars[j].set(f"step {j} refill ({draws[j].drawn + 1} drawn)")
-                start(adm.refill(j, draws[j].issue(1)[0], runtime.version))
-            elif adm.can_lease(runtime.version):
-                lease = adm.lease(runtime.version)
-                if lease.step not in draws:
-                    draws[lease.step] = StepDraws.of(B, cfg.dynamic_sampling)
-                    draws[lease.step].issue(B)  # the step's first draws, leased one by one
-                    bars[lease.step] = Progress(
-                        cfg.progress, B * cfg.group_size, f"step {lease.step} rollout"
-                    )
-                start(lease)
+                st = self.steps[refill[0]]
+                if st.draws.drawn >= self.B:
+                    st.bar.set(f"step {refill[0]} refill ({st.draws.drawn + 1} drawn)")
+                self._start(self.adm.refill(refill[0], st.draws.issue(1)[0], version))
+            elif self.adm.can_lease(version):
+                lease = self.adm.lease(version)
+                if lease.step not in self.steps:
+                    draws = StepDraws.of(self.B, cfg.dynamic_sampling)
+                    draws.issue(self.B)  # the step's first draws, leased one by one
+                    bar = Progress(cfg.progress, self.B * cfg.group_size, f"step {lease.step} rollout")
+                    self.steps[lease.step] = StepState(draws, bar)
+                self._start(lease)
             else:
                 return
 
-    def ready(k: int) -> bool:
-        # --on-stale wait: every draw finished and none more needed (refills included).
-        return adm.ready(k) and (cfg.on_stale == "drop" or (k in draws and draws[k].complete))
+    def ready(self, k: int) -> bool:
+        """Step ``k`` can train: the admission says so and, with --on-stale wait, every draw finished and
+        none more is needed (refills included)."""
+        st = self.steps.get(k)
+        return self.adm.ready(k) and (self.s.cfg.on_stale == "drop" or (st is not None and st.draws.complete))
 
+    def take(self, k: int) -> Taken:
+        """Step ``k``'s batch (call when :meth:`ready`): its trained groups; its dropped ones cancelled, each
+        with the reason."""
+        plan = self.adm.take(k)
+        dropped: list[DroppedGroup] = []
+        for lease in plan.dropped:
+            r = self.leased.pop(lease.index, None)
+            if r is None:  # a slot never leased (drop mode): no task was ever drawn
+                continue
+            if r.task is not None:
+                r.task.cancel()
+            dropped.append(DroppedGroup(r.seed, STALE_DROP if r.group is not None else STRAGGLER_DROP))
+        trained = [self.leased.pop(lease.index) for lease in plan.trained]
+        groups = [r.group for r in trained if r.group is not None]
+        spans = [r.span for r in trained if r.span is not None]
+        state = self.steps.pop(k)
+        state.bar.close()
+        return Taken(plan, groups, [r.seed for r in trained], dropped, spans, state)
+
+    async def close(self) -> None:
+        """Close the bars and cancel every rollout still running."""
+        for st in self.steps.values():
+            st.bar.close()
+        pending = [r.task for r in self.leased.values() if r.task is not None]
+        for task in pending:
+            task.cancel()
+        if pending:
+            with contextlib.suppress(BaseException):
+                await asyncio.gather(*pending, return_exceptions=True)
+
+    def _start(self, lease: Lease) -> None:
+        from agentrl.rollout import task_id
+
+        rec = self.leased[lease.index] = InFlight(lease, self.s.task_sampler.task(lease.step, lease.slot))
+        old = self.reuse.pop((lease.step, task_id(self.s.cfg.env, rec.seed)), None)
+        if old is not None:
+            self.steps[lease.step].reused += old.num_episodes
+            self._finished(rec, old)
+        else:
+            rec.task = asyncio.ensure_future(self._run(rec))
+
+    async def _run(self, rec: InFlight) -> None:
+        s, lease = self.s, rec.lease
+        try:
+            meta = TrajectoryMeta(env_id=s.cfg.env, step=lease.step, policy_version=s.runtime.version)
+            t0 = time.perf_counter()
+            group = await run_group(s, lease.step, rec.seed, meta, self.steps[lease.step].bar)
+            rec.span = (t0, time.perf_counter())
+            self._finished(rec, group)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # surfaces in the driver
+            self.failure.append(e)
+        finally:
+            rec.task = None
+            self.wake.set()
+
+    def _finished(self, rec: InFlight, group: TrajectoryGroup) -> None:
+        rec.group = group
+        self.adm.complete(rec.lease, oldest_version(group))
+        self.steps[rec.lease.step].draws.record(group_verdict(group))
+
+
+def judge(taken: Taken, draws: StepDraws) -> tuple[list[TrajectoryGroup], list[int], list[DroppedGroup]]:
+    """The step's usable groups, their seeds and every group left out with why: a group whose episodes all
+    failed for infrastructure reasons, or (dynamic sampling) one without reward signal."""
+    usable: list[TrajectoryGroup] = []
+    trained: list[int] = []
+    dropped = list(taken.dropped)
+    for seed, g in zip(taken.seeds, taken.groups, strict=True):
+        verdict = group_verdict(g)
+        u = g.usable()
+        if u is None:
+            dropped.append(DroppedGroup(seed, INFRA_DROP))
+        elif not draws.keep(verdict):
+            dropped.append(DroppedGroup(seed, f"filtered by dynamic sampling: {verdict.value}"))
+        else:
+            usable.append(u)
+            trained.append(seed)
+    return usable, trained, dropped
+
+
+async def run_steps(s: Session, after_step: Callable[[int], Awaitable[None]]) -> int:
+    """Train steps ``s.first_step`` .. ``cfg.steps − 1``; call ``after_step(k)`` after each (checkpointing).
+    Returns the next step to train: ``cfg.steps``, or the step during which a stop was requested."""
+    cfg, runtime = s.cfg, s.runtime
+    overlap = cfg.max_staleness > 0
+    leases = Leases(s)
     k = s.first_step
     t_prev = time.perf_counter()
     try:
         while k < cfg.steps:
             t_wait = time.perf_counter()
-            lease_more()
-            while not ready(k) and not failure:
-                lease_more()  # refills of groups that finished without signal
-                if ready(k):
+            leases.lease_more()
+            while not leases.ready(k) and not leases.failure:
+                leases.lease_more()  # refills of groups that finished without signal
+                if leases.ready(k):
                     break
-                if not tasks:  # nothing running and nothing may start: this would wait forever
+                if not leases.running():  # nothing running and nothing may start: this would wait forever
                     raise RuntimeError(
                         f"step {k} cannot get its data: no group is running and none may start (the sampler "
                         f"serves version {runtime.version}, max staleness {cfg.max_staleness}); the sampler "
                         "must be at the learner's version"
                     )
-                wake.clear()
-                if not (await until_stopped(wake.wait(), s.stop))[0]:
+                leases.wake.clear()
+                if not (await until_stopped(leases.wake.wait(), s.stop))[0]:
                     return k
-            if failure:
-                raise failure[0]
+            if leases.failure:
+                raise leases.failure[0]
             if s.stop.is_set():
                 return k
             waited = time.perf_counter() - t_wait
-            plan = adm.take(k)
-            dropped: list[DroppedGroup] = []
-            for lease in plan.dropped:
-                task = tasks.pop(lease.index, None)
-                if task is not None:
-                    task.cancel()
-                finished_late = results.pop(lease.index, None) is not None
-                spans.pop(lease.index, None)
-                seed = seed_of.pop(lease.index, None)
-                if seed is not None:  # None: a slot never leased (drop mode), so no task was ever drawn
-                    dropped.append(DroppedGroup(seed, STALE_DROP if finished_late else STRAGGLER_DROP))
-            groups = [results.pop(lease.index) for lease in plan.trained]
-            seeds = [seed_of.pop(lease.index) for lease in plan.trained]
-            ran = [spans.pop(lease.index) for lease in plan.trained if lease.index in spans]
-            in_flight = len(tasks)
-            bars.pop(k).close()
+            taken = leases.take(k)
+            in_flight = leases.running()
             t_learn = time.perf_counter()
-            step_draws = draws.pop(k)
-            usable: list[TrajectoryGroup] = []
-            trained: list[int] = []
-            for seed, g in zip(seeds, groups, strict=True):
-                verdict = group_verdict(g)
-                u = g.usable()
-                if u is None:
-                    dropped.append(DroppedGroup(seed, INFRA_DROP))
-                elif not step_draws.keep(verdict):
-                    dropped.append(DroppedGroup(seed, f"filtered by dynamic sampling: {verdict.value}"))
-                else:
-                    usable.append(u)
-                    trained.append(seed)
-            sampler.observe(k, groups)
-            drawn_note = step_draws.report(k)  # what dynamic sampling drew, kept, filtered (None: off)
+            draws = taken.state.draws
+            usable, trained, dropped = judge(taken, draws)
+            s.task_sampler.observe(k, taken.groups)
+            drawn_note = draws.report(k)  # what dynamic sampling drew, kept, filtered (None: off)
             if drawn_note is not None:
                 print(drawn_note)
             update: dict[str, float] = {}
@@ -315,6 +399,7 @@ async def run_steps(s: Session, after_step: Callable[[int], Awaitable[None]]) ->
             t_publish = time.perf_counter()
             await runtime.publish(k + 1, StepOutcome(k, tuple(trained), tuple(dropped)))
             now = time.perf_counter()
+            ran = taken.spans
             times = {
                 "time/publish_s": now - t_publish,
                 "time/rollout_s": waited,  # the learner's wait for data (generation not hidden by learning)
@@ -327,24 +412,24 @@ async def run_steps(s: Session, after_step: Callable[[int], Awaitable[None]]) ->
                 "time/step_s": now - (t_prev if overlap else t_wait),
             }
             row = step_row(
-                groups,
+                taken.groups,
                 usable,
-                step_draws,
-                reused=reused_of.pop(k, 0),
+                draws,
+                reused=taken.state.reused,
                 update=update,
                 times=times,
-                plan=plan if overlap else None,
-                adm=adm,
+                plan=taken.plan if overlap else None,
+                adm=leases.adm,
                 in_flight=in_flight,
             )
             t_prev = now
-            trajs = [t for g in groups for t in g]
+            trajs = [t for g in taken.groups for t in g]
             alarm = tool_use_alarm(trajs)
             row.update(alarm.metrics)
             s.metrics.log(k, row)
             line = format_row(k, row)
             if overlap:
-                line = format_async_row(k, row, staleness=max(plan.staleness, default=0))
+                line = format_async_row(k, row, staleness=max(taken.plan.staleness, default=0))
             print(line)
             warnings = (token_limit_warning(trajs, cfg.rollout), stalled_update_warning(row), alarm.warning)
             for warning in warnings:
@@ -354,11 +439,4 @@ async def run_steps(s: Session, after_step: Callable[[int], Awaitable[None]]) ->
             k += 1
         return k
     finally:
-        for bar in bars.values():
-            bar.close()
-        pending = list(tasks.values())
-        for task in pending:
-            task.cancel()
-        if pending:
-            with contextlib.suppress(BaseException):
-                await asyncio.gather(*pending, return_exceptions=True)
+        await leases.close()

@@ -333,6 +333,7 @@ def test_pass_at_k_estimator():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # a real SmolLM2-135M step in a subprocess: run_cli's own limit
 def test_embedded_default_smoke_one_step(tmp_path):
     """The README's main job on the real SmolLM2-135M, shrunk to one small step."""
     run = tmp_path / "default"
