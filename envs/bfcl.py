@@ -98,7 +98,7 @@ class _Episode:
 
 
 class BFCLMultiTurnEnv(ToolEnv):
-    """BFCL v4 multi-turn tasks with BFCL's backends and checker (see the module docstring).
+    """BFCL v4 multi-turn function calling: BFCL's tasks, backends and checker (agentrl[bfcl]).
 
     Args:
         category: ``base``, ``miss_func``, ``miss_param`` or ``long_context`` (or ``multi_turn_*``).

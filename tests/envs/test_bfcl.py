@@ -287,10 +287,94 @@ def test_a_missing_wheel_names_the_install_command(monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.slow  # a fresh interpreter importing agentrl: ~5 s idle, 16 s under load
-def test_listing_envs_imports_neither_the_env_nor_bfcl() -> None:
+def test_agentrl_envs_lists_it_without_importing_bfcl() -> None:
     code = (
-        "import sys, agentrl; ids = agentrl.list_envs(); "
-        "assert 'bfcl-multi-turn-v0' in ids, ids; "
-        "assert 'bfcl_eval' not in sys.modules and 'agentrl.envs.bfcl' not in sys.modules"
+        "import sys, agentrl; from agentrl.trainers.cli import main; "
+        "assert 'bfcl-multi-turn-v0' in agentrl.list_envs(); "
+        "assert 'agentrl.envs.bfcl' not in sys.modules; "
+        "main(['envs']); "  # reads each env's docstring: imports envs/bfcl.py, which imports no BFCL
+        "assert 'bfcl_eval' not in sys.modules, 'listing imported bfcl_eval'"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, timeout=120, capture_output=True, text=True
+    )
+    assert "bfcl-multi-turn-v0  BFCL v4 multi-turn" in out.stdout
+
+
+@pytest.mark.slow  # the 4,000-token prompt through the chat template at every turn: ~10 s idle, 33 s loaded
+async def test_a_scripted_ground_truth_episode_runs_through_the_rollout_and_reexecutes() -> None:
+    """The ground truth through the real chat template and tokenizer (the rollout's path), then replay's
+    re-execution: a fresh env, every BFCL call run again, the same observations and reward."""
+    from agentrl.chat import ChatRenderer
+    from agentrl.episode import RolloutConfig, run_episode
+    from agentrl.models import smollm2_tokenizer
+    from agentrl.testing import ScriptedPolicy
+    from agentrl.trainers.replay.reexec import areexec
+    from agentrl.types import TrajectoryMeta
+
+    tokenizer = smollm2_tokenizer()
+    renderer = ChatRenderer(tokenizer)
+    kwargs = {"category": "miss_func", "split": "test"}
+    env = agentrl.make("bfcl-multi-turn-v0", **kwargs)
+    await env.reset(seed=2)
+    stop = renderer.stop_token_ids[0]
+    turns = [[*tokenizer.encode(text), stop] for text in env.sample_actions()]
+    policy = ScriptedPolicy(turns, stop_ids=renderer.stop_token_ids)
+    config = RolloutConfig(max_turns=len(turns), max_new_tokens=512, max_total_tokens=16384)
+    meta = TrajectoryMeta(env_id="bfcl-multi-turn-v0")
+    traj = await run_episode(env, policy, renderer, config, seed=2, meta=meta)
+    await env.close()
+    assert traj.reward == 1.0 and traj.tool_calls and all(c.status == "ok" for c in traj.tool_calls)
+    report = await areexec(traj, env_kwargs=kwargs)
+    assert report.ok, report
+
+
+@pytest.mark.slow  # a tiny-model train step, a replay and an evaluation on 4,000-token prompts: minutes
+def test_train_replay_and_eval_from_the_command_line(tmp_path: Path) -> None:
+    agentrl_cli = [sys.executable, "-m", "agentrl.trainers"]
+
+    def run(*args: str) -> str:
+        out = subprocess.run([*agentrl_cli, *args], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout
+
+    kwargs = '{"category": "long_context"}'
+    run(
+        *("train", "--env", "bfcl-multi-turn-v0", "--env-kwargs", kwargs, "--model", "tiny", "--steps", "1"),
+        *(
+            "--group-size",
+            "2",
+            "--groups-per-step",
+            "1",
+            "--rollout.max-new-tokens",
+            "8",
+            "--rollout.max-turns",
+            "2",
+        ),
+        *("--rollout.max-total-tokens", "8192", "--eval.tasks", "0", "--no-progress", "--out", "run"),
+    )
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["env_kwargs"] == {"category": "long_context"}
+    assert "2 of 2 trajectories replayed identically" in run("replay", "run", "--reexec", "--rescore")
+    report = json.loads(
+        run("eval", "--model", "run", "--tasks", "1", "--k", "1", "--json").strip().splitlines()[-1]
+    )
+    assert report["split"] == "test" and report["tasks"] == 1
+    other = '{"category": "miss_param"}'
+    args = (
+        "eval",
+        "--env",
+        "bfcl-multi-turn-v0",
+        "--model",
+        "tiny",
+        "--env-kwargs",
+        other,
+        "--tasks",
+        "1",
+        "--k",
+        "1",
+    )
+    report = json.loads(
+        run(*args, "--max-total-tokens", "8192", "--max-new-tokens", "8", "--json").splitlines()[-1]
+    )
+    assert report["env"] == "bfcl-multi-turn-v0" and report["tasks"] == 1
