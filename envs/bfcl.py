@@ -167,6 +167,8 @@ class BFCLMultiTurnEnv(ToolEnv):
         hidden = {name for names in task.missed_function.values() for name in names}
         tools = [BFCLTool(s, episode) for s in episode.backends.specs.values()]
         self.executor = _Executor(tools, hidden=hidden, **self._executor_args)
+        if hidden:  # qwen3_coder types argument values by the schemas it was shown: show it all of them once
+            self.parser.format_instructions(tools)
         instructions = self.parser.format_instructions([t for t in tools if t.name not in hidden])
         self._system = f"{self.system_prompt}\n\n{instructions}"
         info = {"task_id": task.id, "category": task.category, "turns": len(task.questions)}
