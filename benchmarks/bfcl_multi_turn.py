@@ -67,12 +67,14 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     return rows
 
 
-def write(rows: dict[str, Any], args: argparse.Namespace) -> None:
+def write(rows: dict[str, Any], args: argparse.Namespace, note: str = "") -> None:
     math = rows.get("math-tir-arith-v0", {})
     lines = [
-        "## BFCL multi-turn: accuracy per category and episode throughput",
+        "# BFCL multi-turn: accuracy per category and episode throughput",
         "",
-        f"Run: `python benchmarks/bfcl_multi_turn.py --model {args.model} --tasks {args.tasks}` on "
+        f"Run: `python benchmarks/bfcl_multi_turn.py --model {args.model} --tasks {args.tasks} --categories "
+        f"{' '.join(args.categories)} --max-turns {args.max_turns} --max-new-tokens {args.max_new_tokens}` "
+        "on "
         f"{time.strftime('%Y-%m-%d')}, x86_64, {os.cpu_count()} CPUs, shared with other jobs (1-minute load "
         "average after each row below; 2 would be this run alone). One sample per task at temperature 1; "
         "the first tasks of each category's held-out split (seeds 10000 on). Accuracy is BFCL's (every user "
@@ -90,7 +92,7 @@ def write(rows: dict[str, Any], args: argparse.Namespace) -> None:
             f"{r['token_limited']} | {r['seconds']:.0f} | {r['episodes_per_s']:.4f} | {ratio:.3f} | "
             f"{r['load_after']:.1f} |"
         )
-    lines.append("")
+    lines += ["", note, ""] if note else [""]
     DOCS.mkdir(parents=True, exist_ok=True)
     (DOCS / "bfcl.md").write_text("\n".join(lines))
     (DOCS / "bfcl.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))

@@ -49,6 +49,11 @@ SECTIONS = [
         "`benchmarks/learner_throughput.py`",
         "the learner's update (packed) vs plain HF training on the same tokens: tokens/s, padding, memory",
     ),
+    (
+        "bfcl",
+        "`benchmarks/bfcl_multi_turn.py`",
+        "BFCL multi-turn accuracy per category (held-out split); episodes/s vs math-tir-arith-v0",
+    ),
 ]
 
 
