@@ -54,6 +54,11 @@ SECTIONS = [
         "`benchmarks/quick.py`",
         "the ratios that matter (rollout, learner, OTB, gateway, sandbox) per commit, and their plot",
     ),
+    (
+        "bfcl",
+        "`benchmarks/bfcl_multi_turn.py`",
+        "BFCL multi-turn accuracy per category (held-out split); episodes/s vs math-tir-arith-v0",
+    ),
 ]
 
 

@@ -19,3 +19,5 @@ register("shop-v0", "agentrl.envs.shop:ShopEnv")
 register("code-tests-v0", "agentrl.envs.code_tests:CodeTestsEnv")
 # Longer than one context: env-written, policy-written or no compaction (--env-kwargs '{"context": ...}').
 register("long-chain-v0", "agentrl.envs.long_chain:LongChainEnv")
+# BFCL v4 multi-turn tasks graded by BFCL's checker (agentrl[bfcl]; bfcl-eval is imported only when built).
+register("bfcl-multi-turn-v0", "agentrl.envs.bfcl:BFCLMultiTurnEnv")

@@ -8,7 +8,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentrl.config import add_config_arguments, config_from_args, config_to_dict
 from agentrl.errors import AgentRLError
@@ -67,6 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="model turns per episode (default: the run's --rollout.max-turns, else 3)",
     )
+    ev.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        help="token budget of a whole episode (default: the run's --rollout.max-total-tokens, else 1024)",
+    )
+    ev.add_argument(
+        "--env-kwargs",
+        default=None,
+        help="JSON keyword arguments for the environment (default: the run's, when it is the same env)",
+    )
     ev.add_argument("--json", action="store_true", help="print the report as JSON")
 
     chk = sub.add_parser(
@@ -114,18 +125,26 @@ def _train_config(ns: argparse.Namespace) -> TrainConfig:
     return config_from_args(TrainConfig, ns, base=base)
 
 
+def _env_kwargs(text: str) -> dict[str, Any]:
+    """``--env-kwargs``: a JSON object, or a :class:`ConfigError` saying what is wrong with it."""
+    from agentrl.errors import ConfigError
+
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--env-kwargs is not JSON: {e}") from e
+    if not isinstance(kwargs, dict):
+        raise ConfigError("--env-kwargs must be a JSON object")
+    return kwargs
+
+
 def _check(ns: argparse.Namespace) -> int:
     import warnings
 
     import agentrl
     from agentrl.errors import ConfigError
 
-    try:
-        kwargs = json.loads(ns.env_kwargs)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--env-kwargs is not JSON: {e}") from e
-    if not isinstance(kwargs, dict):
-        raise ConfigError("--env-kwargs must be a JSON object")
+    kwargs = _env_kwargs(ns.env_kwargs)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         env = agentrl.make(ns.env, **kwargs)
@@ -182,6 +201,13 @@ def _eval(ns: argparse.Namespace) -> int:
     same_env = run is not None and (ns.env is None or ns.env == run.env)
     max_turns = ns.max_turns if ns.max_turns is not None else (run.max_turns if run is not None else 3)
     max_new = ns.max_new_tokens if ns.max_new_tokens is not None else (run.max_new_tokens if run else 96)
+    max_total = (
+        ns.max_total_tokens if ns.max_total_tokens is not None else (run.max_total_tokens if run else None)
+    )
+    if ns.env_kwargs is not None:
+        env_kwargs: dict[str, Any] | None = _env_kwargs(ns.env_kwargs)
+    else:
+        env_kwargs = run.env_kwargs if run is not None and same_env else None
     if run is not None:
         print(
             f"eval: from {run.run / 'config.json'}: env {env if same_env else '(--env given)'}, "
@@ -199,10 +225,10 @@ def _eval(ns: argparse.Namespace) -> int:
             seed=ns.seed,
             max_turns=max_turns,
             max_new_tokens=max_new,
-            max_total_tokens=run.max_total_tokens if run is not None else None,
+            max_total_tokens=max_total,
             temperature=run.temperature if run is not None else 1.0,
             device=ns.device,
-            env_kwargs=run.env_kwargs if run is not None and same_env else None,
+            env_kwargs=env_kwargs,
         )
     )
     print(json.dumps(config_to_dict(report)) if ns.json else format_report(report))
