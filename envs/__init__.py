@@ -19,3 +19,4 @@ register("shop-v0", "agentrl.envs.shop:ShopEnv")
 register("code-tests-v0", "agentrl.envs.code_tests:CodeTestsEnv")
 # Longer than one context: env-written, policy-written or no compaction (--env-kwargs '{"context": ...}').
 register("long-chain-v0", "agentrl.envs.long_chain:LongChainEnv")
+register("judged-v0", "agentrl.envs.judged:JudgedEnv")

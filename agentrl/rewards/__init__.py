@@ -16,6 +16,7 @@ docs/rewards.md walks through them.
 
 from __future__ import annotations
 
+from .config import RewardConfig
 from .grade import Grade
 from .judge import (
     OUTPUT_PARSERS,
@@ -40,6 +41,7 @@ __all__ = [
     "OpenAIJudgeBackend",
     "PolicyJudgeBackend",
     "RelativeJudge",
+    "RewardConfig",
     "Rubric",
     "RubricResult",
     "grade_math",

@@ -29,6 +29,7 @@ import json
 import re
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -86,7 +87,9 @@ class OpenAIJudgeBackend:
     """A judge behind any OpenAI-compatible ``POST {base_url}/chat/completions``.
 
     Args:
-        base_url: The API root, ending in ``/v1`` (``http://127.0.0.1:8000/v1``).
+        base_url: The API root, ending in ``/v1`` (``http://127.0.0.1:8000/v1``). A ``{uid}`` in it is
+            replaced by a fresh id per request, for servers that hold one conversation per URL, such as the
+            agentrl gateway (``http://127.0.0.1:8000/s/judge-{uid}/v1``: one session per judge call).
         model: The model name sent in each request.
         api_key: Sent as ``Authorization: Bearer``; ``None`` sends none.
     """
@@ -120,7 +123,8 @@ class OpenAIJudgeBackend:
         # One client per request: a judge is shared by episodes that may run on different event loops.
         try:
             async with httpx.AsyncClient(timeout=timeout) as client:
-                resp = await client.post(f"{self.base_url}/chat/completions", json=body, headers=headers)
+                url = self.base_url.replace("{uid}", uuid.uuid4().hex)
+                resp = await client.post(f"{url}/chat/completions", json=body, headers=headers)
         except (httpx.TimeoutException, httpx.TransportError) as e:
             raise JudgeUnavailable(f"{type(e).__name__}: {e}") from e
         if resp.status_code >= 500 or resp.status_code == 429:

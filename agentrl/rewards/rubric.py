@@ -45,7 +45,13 @@ DEFAULT_TEMPLATE = (
     "You grade an answer on one criterion.\n\nQuestion:\n{question}\n\nAnswer:\n{answer}\n\n"
     "Criterion: {criterion}\n\nReply with one line: 'Score: N' where N is 0 (not met) to 10 (fully met)."
 )
-"""The judge template of a rubric file that sets none."""
+"""The judge template of a rubric file that sets none (and of ``--reward.judge-url``)."""
+
+PASS_FAIL_TEMPLATE = (
+    "You check an answer on one criterion.\n\nQuestion:\n{question}\n\nAnswer:\n{answer}\n\n"
+    "Criterion: {criterion}\n\nReply with one word: PASS if the answer meets it, else FAIL."
+)
+"""The judge template of ``--reward.parser pass_fail``."""
 
 
 def math_criterion(sample: Mapping[str, Any]) -> Grade:
