@@ -37,7 +37,7 @@ from .grade import Grade
 from .judge import Judge, JudgeCache, OpenAIJudgeBackend
 from .math import grade_math
 
-__all__ = ["Criterion", "RelativeJudge", "Rubric", "RubricResult", "math_criterion"]
+__all__ = ["Criterion", "RelativeJudge", "Rubric", "RubricResult", "brief_criterion", "math_criterion"]
 
 CriterionFn = Callable[[Mapping[str, Any]], "Grade | float"]
 
@@ -59,7 +59,13 @@ def math_criterion(sample: Mapping[str, Any]) -> Grade:
     return grade_math(sample.get("answer"), sample["reference"])
 
 
-FUNCTIONS: dict[str, CriterionFn] = {"math": math_criterion}
+def brief_criterion(sample: Mapping[str, Any]) -> Grade:
+    """1 for a non-empty answer of at most 30 words, else 0."""
+    n = len(str(sample.get("answer") or "").split())
+    return Grade(float(0 < n <= 30), f"{n} words")
+
+
+FUNCTIONS: dict[str, CriterionFn] = {"math": math_criterion, "brief": brief_criterion}
 """Criterion functions a rubric file may name (``"function": "math"``)."""
 
 
