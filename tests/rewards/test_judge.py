@@ -92,6 +92,15 @@ async def test_tiny_model_judge_over_http_records_calls_and_a_cached_rerun_sends
         assert [(c.raw, c.score, c.cached) for c in cached] == [(c.raw, c.score, True) for c in calls]
 
 
+async def test_the_shipped_fake_backend_and_a_cache_hit_in_one_process():
+    from agentrl.testing import ScriptedJudgeBackend
+
+    backend = ScriptedJudgeBackend(["Score: 3"])
+    judge = Judge(backend, TEMPLATE)
+    first, again = await judge.judge(SAMPLE), await judge.judge(SAMPLE)
+    assert (first.score, first.cached, again.cached, len(backend.prompts)) == (0.3, False, True, 1)
+
+
 async def test_in_process_policy_judge(renderer):
     backend = PolicyJudgeBackend(scripted(renderer, ["Score: 7"]), renderer, name="s@local")
     judge = Judge(backend, TEMPLATE)
