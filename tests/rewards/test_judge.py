@@ -244,3 +244,19 @@ def test_judged_env_without_a_judge_is_a_config_error():
 
     with pytest.raises(ConfigError, match="needs a judge"):
         JudgedEnv()
+
+
+def test_the_example_rubric_file_loads(tmp_path):
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "judged_rubric.json"
+    rubric = Rubric.from_file(example, cache=JudgeCache(tmp_path / "c.jsonl"))
+    assert [(c.name, c.weight, c.judge is not None) for c in rubric.criteria] == [
+        ("follows", 0.8, True),
+        ("brief", 0.2, False),
+    ]
+    assert rubric.judges[0].parser_name == "pass_fail"
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"criteria": [{"name": "x", "function": "nope"}]}')
+    with pytest.raises(ConfigError, match="unknown function 'nope'"):
+        Rubric.from_file(bad)
