@@ -38,7 +38,7 @@ from agentrl.errors import ConfigError
 
 from .grade import Grade
 
-__all__ = ["DEFAULT_TIMEOUT_S", "Gold", "grade_math"]
+__all__ = ["DEFAULT_TIMEOUT_S", "Gold", "grade_math", "serve"]
 
 Gold = int | Fraction | str
 """A reference answer: an exact number, or text (LaTeX or plain) that math-verify parses."""
@@ -73,7 +73,8 @@ def grade_math(answer: str | None, gold: Gold, *, timeout: float = DEFAULT_TIMEO
         ``Grade(1.0, "equal")`` or ``Grade(0.0, reason)``; never raises for anything in ``answer``.
 
     Raises:
-        ConfigError: ``gold`` is not an int, Fraction or non-empty string, or ``timeout`` is not positive.
+        ConfigError: ``gold`` is not an int, Fraction or non-empty string math-verify can parse, or
+            ``timeout`` is not positive.
     """
     if isinstance(gold, bool) or not isinstance(gold, int | Fraction | str) or gold == "":
         raise ConfigError(f"gold must be an int, a Fraction or a non-empty string, got {gold!r}")
@@ -98,6 +99,8 @@ def _grade_here(answer: str, gold: Gold, timeout: float) -> tuple[float, str]:
             ok = verify(_gold_exprs(gold), target, timeout_seconds=None, raise_on_error=True)
     except _TimedOut:
         return 0.0, f"timed out after {timeout:g} s"
+    except ConfigError:  # the gold itself is unreadable: the task is broken, not the answer
+        raise
     except Exception as e:  # math-verify and sympy raise anything on odd input: a score of 0, with why
         return 0.0, f"math-verify failed: {type(e).__name__}: {str(e)[:200]}"
     return (1.0, "equal") if ok else (0.0, f"not equal: {_shown(target)} vs {gold}")
@@ -154,7 +157,7 @@ _worker_started = False
 
 
 def _grade_in_worker(answer: str, gold: Gold, timeout: float) -> tuple[float, str]:
-    """Grade in the worker process (``python -m agentrl.rewards.math``, whose main thread runs
+    """Grade in the worker process (``python -m agentrl.rewards._math_worker``, whose main thread runs
     :func:`_grade_here`): off the main thread no timer can interrupt this thread, but a process can be
     killed. A plain subprocess (not multiprocessing's spawn) so the caller's ``__main__`` is never
     re-imported."""
@@ -162,7 +165,7 @@ def _grade_in_worker(answer: str, gold: Gold, timeout: float) -> tuple[float, st
     with _worker_lock:
         if _worker is None or _worker.poll() is not None:
             _worker = subprocess.Popen(
-                [sys.executable, "-m", "agentrl.rewards.math"],
+                [sys.executable, "-m", "agentrl.rewards._math_worker"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
@@ -189,6 +192,8 @@ def _grade_in_worker(answer: str, gold: Gold, timeout: float) -> tuple[float, st
             raise RuntimeError(f"the math grading process exited with {code} while grading")
         _worker_started = True
         reply = json.loads(line)
+        if "config_error" in reply:
+            raise ConfigError(str(reply["config_error"]))
         return float(reply["score"]), str(reply["reason"])
 
 
@@ -201,16 +206,16 @@ def _kill_worker() -> None:
         proc.wait()
 
 
-def _serve() -> None:
-    """The worker process: one JSON request per stdin line, one JSON reply per stdout line."""
+def serve() -> None:
+    """The worker process's loop: one JSON request per stdin line, one JSON reply per stdout line."""
     for line in sys.stdin:
         req = json.loads(line)
         gold = req["gold"]
         gold = Fraction(gold[0], gold[1]) if isinstance(gold, list) else gold
-        score, reason = _grade_here(str(req["answer"]), gold, float(req["timeout"]))
-        sys.stdout.write(json.dumps({"score": score, "reason": reason}) + "\n")
+        try:
+            score, reason = _grade_here(str(req["answer"]), gold, float(req["timeout"]))
+            reply: dict[str, object] = {"score": score, "reason": reason}
+        except ConfigError as e:
+            reply = {"config_error": str(e)}
+        sys.stdout.write(json.dumps(reply) + "\n")
         sys.stdout.flush()
-
-
-if __name__ == "__main__":
-    _serve()

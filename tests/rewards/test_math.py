@@ -94,6 +94,8 @@ def test_bad_gold_or_timeout_is_a_config_error():
         grade_math("1", 1.5)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="timeout"):
         grade_math("1", 1, timeout=0)
+    with pytest.raises(ConfigError, match="cannot parse the gold"):
+        grade_math("1", "}{")
 
 
 def test_math_tir_grades_with_math_verify_and_records_the_term():  # in the main thread: no worker
