@@ -59,7 +59,6 @@ def judges(renderer):
     run_sync(a.__aexit__(None, None, None))
 
 
-@pytest.mark.slow  # a tiny training step, an eval and two replays: ~20 s on 2 busy cores
 def test_judged_env_trains_evaluates_and_rescores_from_the_cli(judges, terse_model, tmp_path, capsys):
     a, b = judges
     run = tmp_path / "run"

@@ -73,7 +73,6 @@ def test_an_outer_alarm_survives_the_grader_timer():
     assert not fired
 
 
-@pytest.mark.slow  # starts the worker process (imports sympy): about 5 s on 2 busy cores
 def test_off_the_main_thread_grading_runs_in_a_worker_process_with_its_timeout():
     out: list[Grade] = []
 
