@@ -43,6 +43,7 @@ from typing import Any, ClassVar
 from agentrl.errors import EnvContractError, SandboxError
 from agentrl.execution import ExecResult
 from agentrl.protocols import Sandbox
+from agentrl.reward_records import RewardTerm
 from agentrl.types import Action, Message, ToolRecord
 
 __all__ = ["Env", "Observation", "ScoreContext", "StepResult", "as_step_result"]
@@ -71,6 +72,10 @@ class StepResult:
     """What each tool call of this turn did (input, output, status, duration)."""
     info: Mapping[str, Any] = field(default_factory=dict)
     """The env's own diagnostics, free for its author; agentrl reads nothing in it."""
+    reward_terms: tuple[RewardTerm, ...] = ()
+    """What ``reward`` is made of, when it is a weighted sum of graders (``agentrl.rewards``): recorded on
+    the trajectory (with any judge calls) and logged per step as ``reward/<name>``. Their weighted total
+    must equal ``reward``."""
     compact: Observation | None = None
     """Context compaction: when set, the model's context is replaced by these messages (the compacted
     history: a summary the env's code wrote, or one the policy wrote in this very turn when the env asked
@@ -97,6 +102,14 @@ class StepResult:
         if msg is not None and not (isinstance(msg, Message) and msg.role == "assistant"):
             raise EnvContractError(f"step's assistant_message must be an assistant Message, got {msg!r:.200}")
         object.__setattr__(self, "tool_calls", _tuple_of(self.tool_calls, ToolRecord, "tool_calls"))
+        object.__setattr__(self, "reward_terms", _tuple_of(self.reward_terms, RewardTerm, "reward_terms"))
+        if self.reward_terms and not math.isclose(
+            math.fsum(t.value for t in self.reward_terms), self.reward, rel_tol=1e-9, abs_tol=1e-9
+        ):
+            raise EnvContractError(
+                f"step's reward {self.reward!r} is not the weighted sum of its reward_terms "
+                f"({math.fsum(t.value for t in self.reward_terms)!r})"
+            )
         if not isinstance(self.info, Mapping):
             raise EnvContractError(f"step's info must be a dict, got {type(self.info).__name__}")
 

@@ -46,6 +46,7 @@ from agentrl.env import Env, as_step_result
 from agentrl.errors import (
     ConfigError,
     EnvContractError,
+    JudgeError,
     PolicyError,
     SandboxError,
     TemplateError,
@@ -53,6 +54,7 @@ from agentrl.errors import (
 )
 from agentrl.masking import Piece, build_trajectory
 from agentrl.protocols import FinishReason, Generation, Policy, Sampling
+from agentrl.reward_records import RewardTerm
 from agentrl.types import Action, EpisodeFailure, Message, StopReason, ToolRecord, Trajectory, TrajectoryMeta
 
 __all__ = ["RolloutConfig", "SampleSink", "run_episode"]
@@ -319,6 +321,7 @@ async def run_episode(
         new_obs = result.observation if result.compact is None else ()
         messages.append(result.assistant_message or Message("assistant", text))
         rewards.append(result.reward)
+        ep.reward_terms.extend(dataclasses.replace(t, turn=turn) for t in result.reward_terms)
         ep.tool_records.extend(result.tool_calls)
         first_obs_index = len(messages)
         messages.extend(new_obs)
@@ -403,6 +406,8 @@ _NO_SINK = (
 
 
 def _infra_reason(e: BaseException) -> StopReason:
+    if isinstance(e, JudgeError):
+        return StopReason.JUDGE_ERROR
     return StopReason.SANDBOX_ERROR if isinstance(e, SandboxError) else StopReason.ENV_ERROR
 
 
@@ -415,6 +420,7 @@ class _Episode:
     messages: list[Message] = field(default_factory=list)
     tool_records: list[ToolRecord] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
+    reward_terms: list[RewardTerm] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
     errors: list[EpisodeFailure] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -465,6 +471,8 @@ class _Episode:
             timings=self.timings,
             tokenizer=renderer.tokenizer_info,
         )
+        if self.reward_terms:
+            traj = dataclasses.replace(traj, reward_terms=tuple(self.reward_terms))
         if cfg.audit:
             from agentrl.audit import audit_trajectory
 

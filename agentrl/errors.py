@@ -22,7 +22,8 @@ meaning, the class also derives from it, so existing ``except ValueError`` claus
     │   │                                   trajectories carrying one are marked ``infra_failure`` and dropped
     │   ├── SandboxError (RuntimeError)     the sandbox could not run the code (start failed, busy, crashed)
     │   │   └── SandboxSelfTestError        a resource limit did not trip during the startup self-test
-    │   └── PolicyError (RuntimeError)      generation failed (server down, engine crashed)
+    │   ├── PolicyError (RuntimeError)      generation failed (server down, engine crashed)
+    │   └── JudgeError (RuntimeError)       a reward judge failed (down, errors past retries, no verdict)
     ├── StoreError (OSError)                the trajectory store could not be read or written
     │   └── SchemaError (FormatError)       a stored record does not match the schema it claims (names the
     │                                       file and line)
@@ -49,6 +50,7 @@ __all__ = [
     "EpisodeError",
     "FormatError",
     "InfraError",
+    "JudgeError",
     "MigrationError",
     "MovedError",
     "PolicyError",
@@ -151,6 +153,11 @@ class SandboxSelfTestError(SandboxError):
 
 class PolicyError(InfraError, RuntimeError):
     """The policy backend failed to generate."""
+
+
+class JudgeError(InfraError, RuntimeError):
+    """A judge model could not score (unreachable, errors past its retries and deadline, answers nothing
+    parsable every time): the episode is dropped as an infrastructure failure, never rewarded 0."""
 
 
 class StoreError(AgentRLError, OSError):

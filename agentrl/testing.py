@@ -58,6 +58,7 @@ __all__ = [
     "FakeSandboxSource",
     "MemoryStore",
     "RecordingWeightSink",
+    "ScriptedJudgeBackend",
     "ScriptedPolicy",
     "ScriptedRuntime",
 ]
@@ -188,6 +189,31 @@ class FakeSandbox:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class ScriptedJudgeBackend:
+    """A judge backend (:class:`agentrl.rewards.JudgeBackend`) answering canned texts in order (cycling),
+    without a model or HTTP. ``prompts`` records what it was asked. Over HTTP, tests put a scripted policy
+    behind the agentrl gateway instead."""
+
+    def __init__(self, answers: Sequence[str], *, name: str = "scripted@local"):
+        if not answers:
+            raise ConfigError("ScriptedJudgeBackend needs at least one answer")
+        self.answers, self._name = tuple(answers), name
+        self.prompts: list[str] = []
+        """Every prompt it was sent, in order."""
+
+    @property
+    def name(self) -> str:
+        """The name given."""
+        return self._name
+
+    async def complete(
+        self, system: str, prompt: str, *, max_tokens: int, temperature: float, timeout: float
+    ) -> str:
+        """The next canned answer."""
+        self.prompts.append(prompt)
+        return self.answers[(len(self.prompts) - 1) % len(self.answers)]
 
 
 class EchoTool:

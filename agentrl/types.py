@@ -24,6 +24,7 @@ from typing import Any
 
 from agentrl.errors import ConfigError, FormatError
 from agentrl.provenance import Provenance
+from agentrl.reward_records import RewardTerm
 from agentrl.tokenizer_id import TokenizerInfo
 from agentrl.tool_records import ToolRecord, ToolStatus
 
@@ -213,6 +214,8 @@ class StopReason(StrEnum):
     """The sandbox failed under a tool call. Recorded; ``infra_failure`` is set."""
     CANCELLED = "cancelled"
     """The rollout was cancelled (shutdown). ``infra_failure`` is set."""
+    JUDGE_ERROR = "judge_error"
+    """A reward judge failed (:class:`~agentrl.errors.JudgeError`). Recorded; ``infra_failure`` is set."""
     COMPACTED = "compacted"
     """The context was replaced (the env compacted it, or the policy wrote the summary the env asked for):
     this sample ends here and the episode goes on in the next sample (``meta.sample_index + 1``). Neither
@@ -225,7 +228,13 @@ class StopReason(StrEnum):
 
 
 _INFRA_STOPS = frozenset(
-    {StopReason.ENV_ERROR, StopReason.POLICY_ERROR, StopReason.SANDBOX_ERROR, StopReason.CANCELLED}
+    {
+        StopReason.ENV_ERROR,
+        StopReason.POLICY_ERROR,
+        StopReason.SANDBOX_ERROR,
+        StopReason.CANCELLED,
+        StopReason.JUDGE_ERROR,
+    }
 )
 
 
@@ -386,6 +395,9 @@ class Trajectory:
     token carries the version of its turn. The one record of it (older files kept a spanning episode's list
     in ``meta.extra["turn_versions"]``, read back into this field); empty only in old records whose turns
     all have ``meta.policy_version``."""
+    reward_terms: tuple[RewardTerm, ...] = ()
+    """The graded terms behind ``rewards`` (each with its turn and judge calls), when the env reported
+    them (:attr:`agentrl.env.StepResult.reward_terms`); stored only when there are any."""
 
     # ----------------------------------------------------------------------------------------------
     @property
@@ -485,7 +497,10 @@ class Trajectory:
             "meta": self.meta.to_dict(),
             "timings": dict(self.timings),
             "policy_versions": list(self.policy_versions),
-        } | ({"tokenizer": self.tokenizer.to_dict()} if self.tokenizer is not None else {})
+        } | (
+            ({"tokenizer": self.tokenizer.to_dict()} if self.tokenizer is not None else {})
+            | ({"reward_terms": [t.to_dict() for t in self.reward_terms]} if self.reward_terms else {})
+        )
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Trajectory:
@@ -515,6 +530,7 @@ class Trajectory:
             timings={str(k): float(v) for k, v in (d.get("timings") or {}).items()},
             tokenizer=TokenizerInfo.from_dict(d["tokenizer"]) if d.get("tokenizer") else None,
             policy_versions=versions,
+            reward_terms=tuple(RewardTerm.from_dict(t) for t in d.get("reward_terms") or ()),
         )
 
     def to_json(self) -> str:

@@ -21,3 +21,5 @@ register("code-tests-v0", "agentrl.envs.code_tests:CodeTestsEnv")
 register("long-chain-v0", "agentrl.envs.long_chain:LongChainEnv")
 # BFCL v4 multi-turn tasks graded by BFCL's checker (agentrl[bfcl]; bfcl-eval is imported only when built).
 register("bfcl-multi-turn-v0", "agentrl.envs.bfcl:BFCLMultiTurnEnv")
+# A one-turn writing task with no exact answer, rewarded by a judge or rubric (--reward.*).
+register("judged-v0", "agentrl.envs.judged:JudgedEnv")

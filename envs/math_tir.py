@@ -4,8 +4,10 @@ Problems come from :mod:`agentrl.envs.math_problems` (seeded; eight kinds; diffi
 held-out ``test`` split). The prompt is built for small chat models such as SmolLM2-135M-Instruct: a short
 system prompt, one worked example as prior turns (question, python block, its output, ``Answer: N``), and
 the same one-line instruction after every question.
-Reward: 1.0 for an exactly right final answer (``Answer: N`` or ``\boxed{N}``; fractions and decimals are
-compared as exact numbers), else 0.0, or ``format_reward`` when a wrong answer was at least a number.
+Reward: 1.0 for a right final answer (``Answer: N`` or ``\boxed{N}``, graded by math-verify through
+:func:`agentrl.rewards.grade_math`: ``\frac{1}{2}``, ``0.5`` and ``1/2`` are equal), else 0.0, or
+``format_reward`` when a wrong answer was at least a number. The grade is recorded as the reward term
+``math`` with its reason (``equal``, ``not equal: ...``, ``no parsable answer``, ``timed out``).
 
 Options at ``reset``: ``split`` (``"train"``/``"test"``), ``difficulty`` (1-3 or ``None`` for mixed),
 ``kinds`` (a list of problem kinds). They override the constructor's values for that episode.
@@ -16,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl import Message
+from agentrl import Message, StepResult
 from agentrl.errors import ConfigError
+from agentrl.rewards import Grade, grade_math
 from agentrl.tools import ParsedTurn, PythonTool, parse_number
 
 from . import math_problems
@@ -94,9 +97,20 @@ class MathTIREnv(ToolEnv):
         return Task(prompt=f"{problem.question}\n{INSTRUCTION}", answer=problem.answer, info=info)
 
     def score(self, parsed: ParsedTurn) -> float:
-        """1.0 for the exact answer, ``format_reward`` for a wrong but readable number, else 0."""
+        """1.0 for the right answer, ``format_reward`` for a wrong but readable number, else 0."""
+        return self.grade_answer(parsed).score
+
+    def grade_answer(self, parsed: ParsedTurn) -> Grade:
+        """math-verify's grade of the final answer; a wrong answer that reads as a number gets
+        ``format_reward`` (the hand-written :func:`~agentrl.tools.parse_number` decides "is a number":
+        math-verify parses ``x`` or ``five`` into expressions too and does not say if it saw a number)."""
         assert self.task is not None
-        value = parse_number(parsed.answer)
-        if value is None:
-            return 0.0
-        return 1.0 if value == self.task.answer else self.format_reward
+        grade = grade_math(parsed.answer, self.task.answer)
+        if grade.score == 0.0 and self.format_reward and parse_number(parsed.answer) is not None:
+            return Grade(self.format_reward, f"format reward: {grade.reason}")
+        return grade
+
+    async def on_final(self, parsed: ParsedTurn) -> StepResult:
+        """Grade the final answer and end the episode, recording the grade as the term ``math``."""
+        grade = self.grade_answer(parsed)
+        return StepResult(reward=grade.score, terminated=True, reward_terms=(grade.term("math"),))

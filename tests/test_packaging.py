@@ -36,7 +36,10 @@ FORBIDDEN = {
 # never above; a package (credit, learner, policies, replay) is one unit. docs/architecture.md draws them.
 CORE_LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("foundation", frozenset({"errors", "_sync", "config", "weights", "tokenizer_id", "loading", "heap"})),
-    ("data", frozenset({"types", "tool_records", "provenance", "execution", "run", "groups"})),
+    (
+        "data",
+        frozenset({"types", "tool_records", "reward_records", "provenance", "execution", "run", "groups"}),
+    ),
     ("contracts", frozenset({"protocols", "env", "registry", "checker"})),
     ("tokens", frozenset({"masking", "chat", "audit"})),
     ("records", frozenset({"store", "metrics", "scores", "staleness", "dynamic_sampling"})),
@@ -55,6 +58,7 @@ CORE_LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "samples",
                 "rollout",
                 "testing",
+                "rewards",
             }
         ),
     ),

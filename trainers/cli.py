@@ -78,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="JSON keyword arguments for the environment (default: the run's, when it is the same env)",
     )
+    ev.add_argument(
+        "--reward.judge-url",
+        dest="judge_url",
+        help="judge endpoint for an env that takes a reward argument (default: the run's --reward.*)",
+    )
+    ev.add_argument("--reward.judge-model", dest="judge_model", default="judge", help="the judge's model")
     ev.add_argument("--json", action="store_true", help="print the report as JSON")
 
     chk = sub.add_parser(
@@ -187,6 +193,16 @@ def _check_sandbox(env_id: str, env: object) -> None:
     print(f"{env_id}: the sandbox starts and runs code here")
 
 
+def _eval_env_kwargs(ns: argparse.Namespace, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The run's env arguments, with ``--reward.judge-url`` (a judge for ``judged-v0`` or any env taking
+    ``reward``) in place of the run's."""
+    if ns.judge_url is None:
+        return kwargs
+    from agentrl.rewards import RewardConfig
+
+    return {**(kwargs or {}), "reward": RewardConfig(judge_url=ns.judge_url, judge_model=ns.judge_model)}
+
+
 def _eval(ns: argparse.Namespace) -> int:
     from agentrl.errors import ConfigError
     from agentrl.trainers.evaluate import evaluate, format_report, run_settings
@@ -228,7 +244,7 @@ def _eval(ns: argparse.Namespace) -> int:
             max_total_tokens=max_total,
             temperature=run.temperature if run is not None else 1.0,
             device=ns.device,
-            env_kwargs=env_kwargs,
+            env_kwargs=_eval_env_kwargs(ns, env_kwargs),
         )
     )
     print(json.dumps(config_to_dict(report)) if ns.json else format_report(report))

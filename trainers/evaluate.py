@@ -11,12 +11,13 @@ difference is not blurred by sampling luck.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,8 @@ class EvalReport:
     """Episodes (of those counted) that a token limit ended: their answers were cut off."""
     episodes: int = 0
     """Episodes counted (infra failures excluded)."""
+    terms: dict[str, float] = field(default_factory=dict)
+    """Each reward term's mean score per counted episode (envs that report terms: judges, rubrics, math)."""
 
 
 @dataclass(frozen=True)
@@ -210,10 +213,9 @@ async def evaluate_policy(
     """Sample ``k`` episodes on each of ``tasks`` tasks (seeds ``seed ...``) with ``policy``; the sampling
     seeds derive from ``seed`` (``rollout.seed`` is replaced), so two policies evaluated with the same
     arguments see the same tasks and the same random numbers."""
-    import dataclasses
-
     cfg = dataclasses.replace(rollout, seed=seed)
     by_task: dict[str, list[float]] = {}
+    term_sums: dict[str, float] = {}
     infra = limited = counted = 0
     async for done in run_groups(
         make_env,
@@ -228,6 +230,9 @@ async def evaluate_policy(
         if not t.infra_failure and t.meta.is_last_sample:
             counted += 1
             limited += t.stop_reason in (StopReason.TURN_TOKENS, StopReason.MAX_TOKENS)
+        if not t.infra_failure:
+            for term in t.reward_terms:
+                term_sums[term.name] = term_sums.get(term.name, 0.0) + term.score
         if done.group is None:
             continue
         infra += len(episodes_of(done.group.trajectories)) - len(episode_returns(done.group.trajectories))
@@ -254,6 +259,7 @@ async def evaluate_policy(
         task_samples=tuple(ns),
         token_limited=limited,
         episodes=counted,
+        terms={k: v / max(counted, 1) for k, v in sorted(term_sums.items())},
     )
 
 
@@ -269,7 +275,7 @@ def format_report(report: EvalReport) -> str:
         f"{report.env} ({split_label(report.split)}): {report.tasks} tasks x {report.samples_per_task}: "
         f"pass@1={report.pass_at_1:.3f} [95% CI {report.pass_at_1_low:.3f}-{report.pass_at_1_high:.3f}] "
         f"pass@{report.samples_per_task}={report.pass_at_k:.3f} mean reward={report.mean_reward:.3f} "
-        f"infra failures={report.infra_failures}"
+        f"infra failures={report.infra_failures}" + "".join(f" {k}={v:.3f}" for k, v in report.terms.items())
     )
 
 
@@ -325,13 +331,28 @@ def run_settings(model: str) -> RunSettings | None:
         return RunSettings(
             run=run,
             env=env,
-            env_kwargs=dict(data.get("env_kwargs") or {}),
+            env_kwargs=dict(data.get("env_kwargs") or {}) | _run_reward(data, run),
             max_turns=int(r.get("max_turns", 3)),
             max_new_tokens=int(r.get("max_new_tokens", 96)),
             max_total_tokens=int(r.get("max_total_tokens", 1024)),
             temperature=float(r.get("temperature", 1.0)),
         )
     return None
+
+
+def _run_reward(data: dict[str, Any], run: Path) -> dict[str, Any]:
+    """``{"reward": RewardConfig}`` when the run was rewarded by ``--reward.*`` (with the run's cache)."""
+    from agentrl.rewards import RewardConfig
+
+    block = data.get("reward")
+    if not isinstance(block, dict):
+        return {}
+    reward = RewardConfig(**block)
+    if not reward.enabled:
+        return {}
+    if reward.cache is None:
+        reward = dataclasses.replace(reward, cache=str(run / "judge_cache.jsonl"))
+    return {"reward": reward}
 
 
 async def evaluate(

@@ -18,6 +18,7 @@ __all__ = [
     "episode_metrics",
     "format_async_row",
     "format_row",
+    "reward_term_metrics",
     "stalled_update_warning",
     "token_limit_warning",
     "tool_use_alarm",
@@ -187,7 +188,28 @@ def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "episodes/truncated": float(sum(t.truncated for t in ok)),
         "episodes/token_limit_frac": mean([float(t.stop_reason in TOKEN_LIMIT_STOPS) for t in ok]),
         "time/sandbox_s": float(sum(r.duration_s for t in trajs for r in t.tool_calls)),
+    } | reward_term_metrics(ok)
+
+
+def reward_term_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """Each reward term's mean score per episode, ``reward/term/<name>`` (an episode without the term counts
+    0), and the judge calls behind them: ``judge/calls`` (requests sent), ``judge/cached`` (answered from
+    the cache), ``judge/latency_s`` (mean seconds per sent call). Empty when no env reported terms."""
+    names = sorted({term.name for t in trajs for term in t.reward_terms})
+    if not names:
+        return {}
+    n = len(trajs)
+    row = {
+        f"reward/term/{k}": sum(x.score for t in trajs for x in t.reward_terms if x.name == k) / n
+        for k in names
     }
+    calls = [c for t in trajs for x in t.reward_terms for c in x.judge_calls]
+    sent = [c for c in calls if not c.cached]
+    if calls:
+        row["judge/calls"] = float(len(sent))
+        row["judge/cached"] = float(len(calls) - len(sent))
+        row["judge/latency_s"] = sum(c.latency_s for c in sent) / len(sent) if sent else 0.0
+    return row
 
 
 def _episodes(trajs: Sequence[Trajectory]) -> list[list[Trajectory]]:
@@ -225,6 +247,7 @@ def _merge(samples: list[Trajectory]) -> Trajectory:
         segments=tuple(segments),
         tool_calls=tuple(c for t in samples for c in t.tool_calls),
         rewards=tuple(r for t in samples for r in t.rewards),
+        reward_terms=tuple(x for t in samples for x in t.reward_terms),
         stop_reason=infra.stop_reason if infra is not None else last.stop_reason,
         errors=tuple(e for t in samples for e in t.errors),
     )

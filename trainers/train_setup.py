@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import inspect
 import math
 import sys
 import time
@@ -31,6 +32,7 @@ from agentrl.models import model_folder
 from agentrl.policies import HFPolicy
 from agentrl.precision import Precision, resolve_precision
 from agentrl.protocols import UpdatablePolicy, WeightSink, WeightUpdate
+from agentrl.rewards import RewardConfig
 from agentrl.rollout import RolloutConfig
 from agentrl.run import ModelSpec, RunDir
 from agentrl.staleness import Admission, OnStale
@@ -180,6 +182,10 @@ class TrainConfig:
     """difficulty: draw tasks from pools by their recent group mean reward (new, medium, always solved,
     never solved; the last two less often, never never); its state is saved with each checkpoint. See
     trainers/task_sampler.py."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """A judge model or rubric file to reward with (--reward.judge-url URL --reward.judge-model NAME, or
+    --reward.rubric FILE), handed to an env that takes a `reward` argument (judged-v0, or yours); judge
+    answers are cached in <run>/judge_cache.jsonl. See docs/rewards.md."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -387,12 +393,31 @@ def env_arguments(cfg: TrainConfig) -> dict[str, Any]:
     kwargs = dict(cfg.env_kwargs)
     fmt = cfg.rollout.tool_format
     cls = agentrl.registry.entry_point(cfg.env)
+    if cfg.reward.enabled:
+        kwargs.setdefault("reward", reward_config(cfg, cls))
     if fmt is None or not (isinstance(cls, type) and issubclass(cls, ToolEnv)):
         return kwargs
     if fmt == "auto":
         fmt = resolve_auto(cfg.model)
     kwargs.setdefault("tool_format", fmt)
     return kwargs
+
+
+def reward_config(cfg: TrainConfig, cls: Any) -> RewardConfig:
+    """``--reward.*`` as the env gets it: the judge cache in the run folder unless one was named.
+
+    Raises:
+        ConfigError: the env takes no ``reward`` argument.
+    """
+    params = inspect.signature(cls).parameters if callable(cls) else {}
+    if "reward" not in params:
+        raise ConfigError(
+            f"--reward.* was given, but {cfg.env} takes no `reward` argument to judge with "
+            "(judged-v0 does; docs/rewards.md shows how an env takes one)"
+        )
+    if cfg.reward.cache is None and cfg.out is not None:
+        return dataclasses.replace(cfg.reward, cache=str(Path(cfg.out) / "judge_cache.jsonl"))
+    return cfg.reward
 
 
 def needs_sandbox(cfg: TrainConfig) -> bool:

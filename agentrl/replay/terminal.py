@@ -81,6 +81,7 @@ def render(
         f"  tokens {len(traj.token_ids)}: "
         + ", ".join(f"{src.value} {by_src.get(src, 0)}" for src in TokenSource)
     )
+    out.extend(_reward_terms(traj, max_chars))
     for e in traj.errors:
         out.append(
             st(f"  ERROR {e.kind} (turn {e.turn}, {'infra' if e.infra else 'episode'}): {e.message}", "31")
@@ -158,6 +159,19 @@ def render(
                     line += f"  {_num(r_lp, 10)} {_num(d, 9)} {_num(sp, 7)}"
                 out.append(line)
     return "\n".join(out)
+
+
+def _reward_terms(traj: Trajectory, max_chars: int) -> list[str]:
+    """Why the reward is what it is: each graded term and the judge calls behind it."""
+    out = []
+    for t in traj.reward_terms:
+        out.append(f"  term {t.name} (turn {t.turn}): {t.score:g} x {t.weight:g}  {_clip(t.reason, 200)}")
+        for c in t.judge_calls:
+            how = "cached" if c.cached else f"{c.latency_s:.2f}s, {c.attempts} attempt(s)"
+            out.append(f"    judge {c.judge} ({how}) -> {c.score:g}")
+            out.append("      prompt: " + _clip(c.prompt, max_chars).replace("\n", "\n      "))
+            out.append("      answer: " + _clip(c.raw, max_chars).replace("\n", "\n      "))
+    return out
 
 
 def _num(x: float | None, w: int) -> str:

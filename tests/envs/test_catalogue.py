@@ -9,6 +9,7 @@ from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 
 import agentrl
 from agentrl._sync import run_sync
+from agentrl.rewards import Criterion, Rubric
 
 ENV_IDS = agentrl.list_envs()
 GYM_IDS = agentrl.register_gymnasium()
@@ -19,13 +20,20 @@ def test_the_catalogue_holds_the_shipped_environments():
     assert {f"agentrl/{i}" for i in ENV_IDS} <= set(GYM_IDS)
 
 
+def _brevity(sample):
+    return float(len(sample["answer"]) < 80)
+
+
+NEEDS = {"judged-v0": {"rubric": Rubric([Criterion("brevity", fn=_brevity)])}}
+"""Arguments an environment cannot run without (judged-v0 needs a rubric; a function criterion here)."""
+
 SEED_BLIND = {"guess-number-v0"}
 """Environments whose first observation is the same for every seed (guess-number hides its number)."""
 
 
 @pytest.mark.parametrize("env_id", ENV_IDS)
 def test_agentrl_check_env(env_id):
-    env = agentrl.make(env_id)
+    env = agentrl.make(env_id, **NEEDS.get(env_id, {}))
     try:
         if env_id in SEED_BLIND:
             with pytest.warns(UserWarning, match="six seeds gave the same first observation"):
@@ -38,7 +46,7 @@ def test_agentrl_check_env(env_id):
 
 @pytest.mark.parametrize("env_id", ENV_IDS)
 def test_gymnasium_check_env(env_id):
-    env = gymnasium.make(f"agentrl/{env_id}")
+    env = gymnasium.make(f"agentrl/{env_id}", **NEEDS.get(env_id, {}))
     try:
         gymnasium_check_env(env.unwrapped)
     finally:

@@ -40,6 +40,7 @@ from agentrl.trainers.replay.reexec import (
     areexec_many,
     reexec_status,
 )
+from agentrl.trainers.replay.rejudge import add_rejudge_arguments, rejudge_env_kwargs
 from agentrl.trainers.replay.reproduce import StepReport, reproduce_step
 from agentrl.trainers.replay.weights import find_tokenizer, train_config
 from agentrl.trainers.train_setup import env_arguments
@@ -120,6 +121,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     o.add_argument("--color", choices=["auto", "always", "never"], default="auto", help="ANSI colours")
     o.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    add_rejudge_arguments(p)
     return p
 
 
@@ -502,6 +504,7 @@ def run(ns: argparse.Namespace) -> int:
             env_kwargs = env_arguments(run_cfg) if run_cfg is not None and run_cfg.agent is None else {}
         if not isinstance(env_kwargs, dict):
             raise ConfigError("--env-kwargs must be a JSON object")
+        env_kwargs = rejudge_env_kwargs(env_kwargs, ns)
         needs_tok = any(not t.actions for t in trajs)
         rex = asyncio.run(
             areexec_many(
