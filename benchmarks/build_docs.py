@@ -32,6 +32,11 @@ SECTIONS = [
     ("memory", "`benchmarks/memory_profile.py`", "the default train step's resident memory, per phase"),
     ("memory_budget", "(by hand, from the two above)", "where the 11.8 / 16.5 GiB went; whole-run peaks"),
     ("gateway", "`benchmarks/gateway.py`", "recording gateway vs the bare policy call (target ≤ 2 ms p50)"),
+    (
+        "gateway_apis",
+        "`benchmarks/gateway.py --apis`",
+        "chat completions vs Responses vs Anthropic Messages, per turn (target ≤ 1.2x)",
+    ),
     ("scale", "`benchmarks/scale.py`", "episodes/s with 1, 2, 4 Ray rollout workers (target ≥ 1.8x at 2)"),
     (
         "async",

@@ -96,8 +96,7 @@ def run_claude(base_url: str, tmp: Path, prompt: str, *, max_turns: int) -> dict
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-@needs_claude
-@pytest.mark.slow
+@needs_claude  # about 2 s: a real harness in the fast tier
 async def test_claude_code_tool_loop_is_one_audited_segment(renderer, tmp_path):
     note = tmp_path / "note.txt"
     note.write_text("The secret word is banana.\n")

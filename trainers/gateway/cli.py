@@ -59,6 +59,9 @@ class ServeConfig(GatewayConfig):
     allow_unauthenticated: bool = False
     """Serve a non-loopback --host without a key. Anyone who reaches the port can then write trajectories
     and rewards into training."""
+    session_timeout: float | None = None
+    """Close a session after this many seconds without a request, recording it as cancelled (never trained
+    on, never scored 0); later requests to it get a 409. Default: sessions stay open until finished."""
     log_requests: bool = True
     """Print one line per request to stderr (session, tokens, finish reason, latency, requests in flight)."""
 
@@ -66,6 +69,8 @@ class ServeConfig(GatewayConfig):
         super().__post_init__()
         if not self.out:
             raise ConfigError("--out DIR is required: the folder that receives trajectories.jsonl")
+        if self.session_timeout is not None and not self.session_timeout > 0:
+            raise ConfigError(f"--session-timeout must be > 0 seconds, got {self.session_timeout!r}")
         if not isinstance(self.port, int) or not 0 <= self.port < 65536:
             raise ConfigError(f"--port must be in [0, 65535], got {self.port!r}")
 
@@ -133,6 +138,7 @@ async def serve(
             api_key=api_key,
             allow_unauthenticated=cfg.allow_unauthenticated,
             log_requests=cfg.log_requests,
+            session_timeout=cfg.session_timeout,
         ) as gw:
             auth = "Authorization: Bearer <key> required" if api_key else "no API key (any is accepted)"
             print(

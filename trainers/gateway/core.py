@@ -90,6 +90,10 @@ class GatewayCore:
         self.sessions: dict[str, Session] = {}
         self._finished: set[str] = set()
         self._results: dict[str, tuple[Trajectory, ...]] = {}
+        self._seen: dict[str, float] = {}
+        """When each open session last had a request (``time.monotonic``), for idle expiry."""
+        self._expired: dict[str, float] = {}
+        """Sessions closed for idleness, with the timeout that closed them."""
         self._apis: dict[str, str] = {}
         """The API each session speaks (its first model turn's)."""
         self.stored: dict[str, dict[str, Any]] = {}
@@ -113,6 +117,7 @@ class GatewayCore:
         if sid in self.sessions or sid in self._finished:
             raise GatewayError(409, f"session {sid!r} already exists", code="session_exists")
         self.sessions[sid] = self._new(sid, meta)
+        self._seen[sid] = time.monotonic()
         return sid
 
     def _new(self, sid: str, meta: TrajectoryMeta | None) -> Session:
@@ -126,10 +131,20 @@ class GatewayCore:
             tools_in_template=self.tools_in_template,
         )
 
+    def _finished_error(self, sid: str) -> GatewayError:
+        if sid in self._expired:
+            return GatewayError(
+                409,
+                f"session {sid!r} expired: no request for {self._expired[sid]:g} s (--session-timeout); it "
+                "was recorded as cancelled (never trained on)",
+                code="session_expired",
+            )
+        return GatewayError(409, f"session {sid!r} is already finished", code="session_finished")
+
     def _session(self, sid: str, *, create: bool) -> Session:
         _check_id(sid)
         if sid in self._finished:
-            raise GatewayError(409, f"session {sid!r} is already finished", code="session_finished")
+            raise self._finished_error(sid)
         s = self.sessions.get(sid)
         if s is None:
             if not create:
@@ -137,6 +152,7 @@ class GatewayCore:
                     404, f"unknown session {sid!r}", code="unknown_session", kind="not_found_error"
                 )
             s = self.sessions[sid] = self._new(sid, None)
+            self._seen[sid] = time.monotonic()
         return s
 
     def models(self) -> dict[str, Any]:
@@ -252,9 +268,10 @@ class GatewayCore:
                 "requests must come one at a time (use one session per concurrent branch)",
                 code="concurrent_request",
             )
+        self._seen[sid] = time.monotonic()
         async with s.lock:
             if sid in self._finished:
-                raise GatewayError(409, f"session {sid!r} is already finished", code="session_finished")
+                raise self._finished_error(sid)
             prompt = s.prepare(req)
             self._apis[sid] = api
             cap = min(req.max_tokens or self.config.max_new_tokens, self.config.max_new_tokens)
@@ -278,6 +295,7 @@ class GatewayCore:
                 raise GatewayError(500, f"the policy failed to generate: {e}", kind="server_error") from e
             finally:
                 s.timings["generate"] += time.perf_counter() - t0
+                self._seen[sid] = time.monotonic()  # idle time counts from the answer
             cand = s.accept(gen, req, cut_by_budget=max_new < cap)
         finish: FinishKind = (
             "length"
@@ -386,8 +404,37 @@ class GatewayCore:
         self._finished.add(s.id)
         self.sessions.pop(s.id, None)
         self._apis.pop(s.id, None)
+        self._seen.pop(s.id, None)
         self.stored.pop(s.id, None)
         return trajs
+
+    async def expire_idle(self, timeout: float, *, now: float | None = None) -> list[str]:
+        """Close every open session without a request for more than ``timeout`` seconds; return their ids.
+
+        A session that sampled something is recorded as cancelled (an infrastructure failure: never
+        trained on, never scored 0); one that did not is dropped. A session with a request in flight is
+        not idle. Later requests to an expired session get a 409 ``session_expired``.
+        """
+        now = time.monotonic() if now is None else now
+        expired = []
+        for sid, s in list(self.sessions.items()):
+            idle = now - self._seen.get(sid, now)
+            if idle <= timeout or s.lock.locked():
+                continue
+            if s.turns or s.candidates:
+                await self.abort(
+                    sid,
+                    "Cancelled",
+                    f"the session expired: no request for {idle:.1f} s (--session-timeout {timeout:g})",
+                    StopReason.CANCELLED,
+                )
+            else:
+                self.sessions.pop(sid, None)
+                self._finished.add(sid)
+            self._expired[sid] = timeout
+            self._seen.pop(sid, None)
+            expired.append(sid)
+        return expired
 
     async def close(self) -> int:
         """Record every open session that sampled something as cancelled (infra); return how many."""

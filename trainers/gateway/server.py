@@ -361,6 +361,8 @@ class Gateway:
         allow_unauthenticated: Serve a non-loopback ``host`` without ``api_key`` (refused otherwise, before
             binding).
         log_requests: Print one line per chat request to stderr (see :func:`build_app`).
+        session_timeout: Close sessions without a request for this many seconds, recording them as
+            cancelled (never trained on); None keeps them until :meth:`finish` or the gateway stops.
     """
 
     def __init__(
@@ -376,7 +378,12 @@ class Gateway:
         api_key: str | None = None,
         allow_unauthenticated: bool = False,
         log_requests: bool = False,
+        session_timeout: float | None = None,
     ):
+        if session_timeout is not None and not session_timeout > 0:
+            raise ConfigError(f"--session-timeout must be > 0 seconds, got {session_timeout!r}")
+        self.session_timeout = session_timeout
+        self._reaper: asyncio.Task[None] | None = None
         if api_key is not None and not api_key:
             raise ConfigError("the gateway's API key is empty; give a non-empty key or none")
         check_exposure(host, api_key, allow_unauthenticated=allow_unauthenticated)
@@ -417,6 +424,16 @@ class Gateway:
         """Close a session as an infrastructure failure (recorded, never trained on)."""
         return await self.core.abort(session_id, kind, message)
 
+    async def _expire(self, timeout: float) -> None:
+        """Close idle sessions every few seconds (a quarter of the timeout, at most 5 s apart)."""
+        while True:
+            await asyncio.sleep(min(timeout / 4, 5.0))
+            try:
+                for sid in await self.core.expire_idle(timeout):
+                    log.info("session %s expired after %g s without a request", sid, timeout)
+            except Exception:  # a failed store write: the session stays open, try again next time
+                log.exception("expiring idle sessions failed")
+
     async def __aenter__(self) -> Gateway:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         # IPPROTO_TCP explicitly: asyncio turns Nagle off only on sockets that say so, and a keep-alive
@@ -446,12 +463,18 @@ class Gateway:
                 self._task.result()
                 raise ConfigError(f"the gateway's HTTP server did not start on {self.url}")
             await asyncio.sleep(0.005)
+        if self.session_timeout is not None:
+            self._reaper = asyncio.ensure_future(self._expire(self.session_timeout))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         try:
             await self.core.close()
         finally:
+            if self._reaper is not None:
+                self._reaper.cancel()
+                await asyncio.gather(self._reaper, return_exceptions=True)
+                self._reaper = None
             if self._server is not None and self._task is not None:
                 self._server.should_exit = True
                 await asyncio.gather(self._task, return_exceptions=True)
