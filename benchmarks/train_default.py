@@ -411,8 +411,15 @@ def write_docs(runs: list[dict[str, Any]]) -> list[str]:
         *[f"Note on seed {r['seed']}: {r['note']}." for r in runs if r.get("note")],
         "",
         "The floor's own speed moved between recordings: plain `generate` sampled 57-61 tokens/s on "
-        "2026-11-23 (transformers 5.23) and 33-40 tokens/s on 2026-11-26 (transformers 5.24; the learner "
-        "was ~10 % slower that day too), so compare ratios within one recording date.",
+        "2026-11-23 (transformers 5.23), 33-40 tokens/s on 2026-11-26 (transformers 5.24; the learner "
+        "was ~10 % slower that day too) and 65-75 tokens/s on the idle runs of 2026-11-27 (the same "
+        "transformers, torch and floor code, an AMD EPYC host), so compare ratios within one recording date. "
+        "The 2026-11-27 runs (docs/benchmarks/default-run-variants.json) read 1.57x at best because of that "
+        "floor: their rollouts sampled step 0 at 39 tokens/s, as on 2026-11-26 (issue 46). On that host "
+        "MKL's packed GEMM, which the engine decodes on, was only 15 % faster than the plain product for "
+        "the LM head and slower for an MLP projection (CPU time, one thread, 16 rows: 29.5 against 34.7 ms, "
+        "0.87 against 0.52 ms), so the engine's advantage over "
+        "`generate` was gone; the engine now packs only the shapes that measure faster packed.",
         "",
         "Peak resident memory by phase (the trainer's VmRSS sampled every 0.25 s; runs recorded before this "
         "trace existed have none): "

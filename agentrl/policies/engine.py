@@ -147,12 +147,8 @@ class GenerationEngine:
         release_when_idle: Free the rows' KV buffer when nothing is running (its size follows the longest
             row; the prefix tree keeps what the next turns need).
         version: Initial weights version.
-        packed_weights: Decode on pre-packed weight copies (:mod:`agentrl.policies.packed`: 2-4x faster
-            decode steps on some CPUs, as much extra memory as the packed weights while generating, freed
-            by :meth:`clear_cache`). ``None``: for fp32 models on a CPU whose torch has MKL's packed GEMM,
-            each linear layer whose shape measures faster packed on this CPU
-            (:func:`~agentrl.policies.packed.pack_pays`; on some hosts few or none do); ``True``: every
-            linear layer.
+        packed_weights: Decode on packed weights (:mod:`~agentrl.policies.packed`; :meth:`clear_cache` frees
+            them): ``True`` every linear layer, ``None`` (fp32, CPU) the shapes faster packed on this CPU.
     """
 
     def __init__(
@@ -179,9 +175,8 @@ class GenerationEngine:
             raise ConfigError("the generation engine needs at least one stop token id")
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.packed_weights = use_packed(packed_weights, self.device, next(model.parameters()).dtype)
-        self._model = model
-        self._only_where_faster = packed_weights is None
-        self._twin = self._make_twin(model)
+        self._model, self._pack_all = model, packed_weights is True
+        self._twin = InferenceTwin(model, pack_all=self._pack_all) if self.packed_weights else None
         self.spec = KVSpec.from_model(model, self.device)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
@@ -224,12 +219,8 @@ class GenerationEngine:
     def model(self, model: Any) -> None:
         with self.lock:
             self._model = model
-            self._twin = self._make_twin(model)
-
-    def _make_twin(self, model: Any) -> InferenceTwin | None:
-        if not self.packed_weights or model is None:
-            return None
-        return InferenceTwin(model, only_where_faster=self._only_where_faster)
+            on = self.packed_weights and model is not None
+            self._twin = InferenceTwin(model, pack_all=self._pack_all) if on else None
 
     @property
     def version(self) -> int:

@@ -185,11 +185,11 @@ class InferenceTwin:
     """A copy of ``model``'s module tree sharing all its tensors, whose fp32 CPU linears decode on packs.
 
     Use :attr:`module` like the model (same forward); call :meth:`refresh` before a forward (cheap when
-    nothing changed) and :meth:`drop` to give the packs' memory back. ``only_where_faster``: pack only the
-    layers whose shape :func:`pack_pays` on this CPU (the others run the plain product); else every one.
+    nothing changed) and :meth:`drop` to give the packs' memory back. ``pack_all=False``: pack only the
+    layers whose shape :func:`pack_pays` on this CPU (the others run the plain product).
     """
 
-    def __init__(self, model: nn.Module, rows: int = PACK_ROWS, *, only_where_faster: bool = False):
+    def __init__(self, model: nn.Module, rows: int = PACK_ROWS, *, pack_all: bool = True):
         shared: dict[int, Any] = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
         config = getattr(model, "config", None)
         if config is not None:
@@ -203,7 +203,7 @@ class InferenceTwin:
                     continue
                 out_features, in_features = child.weight.shape
                 threads = torch.get_num_threads()
-                if only_where_faster and not pack_pays(out_features, in_features, rows, threads):
+                if not pack_all and not pack_pays(out_features, in_features, rows, threads):
                     continue
                 packed = _PackedLinear(child, rows)
                 setattr(parent, name, packed)

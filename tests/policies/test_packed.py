@@ -130,7 +130,7 @@ def test_default_twin_packs_exactly_the_shapes_measured_faster_packed(tok):
     # Whether a pack pays depends on the CPU (issue 46: on an AMD EPYC host MKL's packed GEMM lost to the
     # plain product for most of SmolLM2's shapes), so the default twin asks pack_pays per shape.
     model = tiny_model(tok, seed=10)
-    twin = InferenceTwin(model, only_where_faster=True)
+    twin = InferenceTwin(model, pack_all=False)
     threads = torch.get_num_threads()
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     want = {
