@@ -25,6 +25,7 @@ their contents.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -254,7 +255,7 @@ def load_checkpoint(
             raise StoreError(f"{ckpt}/model has no safetensors weights")
         state: dict[str, torch.Tensor] = {}
         for f in files:
-            state.update(_read(f, "safetensors weights", lambda f=f: load_file(str(f))))
+            state.update(_read(f, "safetensors weights", functools.partial(load_file, str(f))))
         missing, unexpected = model.load_state_dict(state, strict=False)
         # Tied embeddings are saved once; a missing lm_head that is tied is not an error.
         missing = [k for k in missing if not (k.endswith("lm_head.weight") and _tied(model))]
