@@ -5,10 +5,11 @@ created). When all are in use, up to ``max_waiting`` callers wait in a FIFO queu
 clear ``busy`` :class:`~agentrl.errors.SandboxError` at once, and a waiter that has waited ``acquire_timeout``
 seconds gets one too. Nothing ever spawns beyond the cap.
 
-Starting is capped apart from living: at most ``max_starting`` sandboxes start at once and the rest queue
-for a start in arrival order (hundreds of sandboxes starting together fail where a few at a time succeed).
-Each start has its own deadline (``start_timeout``): a sandbox that does not come up in time is closed, its
-slot freed, and the caller gets a :class:`~agentrl.errors.SandboxError` (an infrastructure failure).
+Starting is capped apart from living: at most ``max_starting`` sandboxes start (or reset, which starts a
+fresh session) at once, and the rest queue for a start in arrival order: hundreds of sandboxes starting
+together fail where a few at a time succeed. Each start has its own deadline (``start_timeout``): a sandbox
+that does not come up in time is closed, its slot freed, and the caller gets a
+:class:`~agentrl.errors.SandboxError` (an infrastructure failure).
 """
 
 from __future__ import annotations
@@ -69,11 +70,11 @@ class PoolStats:
     resets: int
     """Sandboxes reset on release so far."""
     starting: int
-    """Sandboxes starting now (at most ``max_starting``)."""
+    """Sandboxes starting or resetting now (at most ``max_starting``)."""
     start_waiting: int
-    """Starts queued behind ``max_starting``."""
+    """Starts and resets queued behind ``max_starting``."""
     most_starting: int
-    """The most sandboxes ever starting at once."""
+    """The most sandboxes ever starting or resetting at once."""
 
 
 class SandboxPool:
@@ -257,8 +258,9 @@ class SandboxPool:
             self._wake_slot()
             raise
 
-    async def _new(self) -> Sandbox:
-        """A started sandbox: wait for a start permit (FIFO), then start one within ``start_timeout``."""
+    @contextlib.asynccontextmanager
+    async def _start_permit(self) -> AsyncIterator[None]:
+        """One of the ``max_starting`` permits, waited for in arrival order (a start or a reset holds one)."""
         self._start_waiting += 1
         try:
             await self._start_gate.acquire()
@@ -267,6 +269,14 @@ class SandboxPool:
         self._starting += 1
         self._most_starting = max(self._most_starting, self._starting)
         try:
+            yield
+        finally:
+            self._starting -= 1
+            self._start_gate.release()
+
+    async def _new(self) -> Sandbox:
+        """A started sandbox: wait for a start permit (FIFO), then start one within ``start_timeout``."""
+        async with self._start_permit():
             sb = self._factory()
             try:
                 async with asyncio.timeout(self.start_timeout):
@@ -282,9 +292,6 @@ class SandboxPool:
                     ) from None
                 raise SandboxError(f"sandbox failed to start: {e}") from e
             return sb
-        finally:
-            self._starting -= 1
-            self._start_gate.release()
 
     def _give(self, sb: Sandbox) -> None:
         """Hand a ready sandbox to the first live waiter, or park it as idle."""
@@ -311,7 +318,9 @@ class SandboxPool:
             await self._discard(sb)
             return
         try:
-            await sb.reset()
+            # A reset starts a fresh session: it takes a start permit and has the start's deadline.
+            async with self._start_permit(), asyncio.timeout(self.start_timeout):
+                await sb.reset()
             self._resets += 1
         except BaseException as e:
             log.warning("sandbox reset failed, replacing it: %s", e)
