@@ -25,19 +25,23 @@ their contents.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
 
 from agentrl.errors import ConfigError, StoreError
 from agentrl.run import Checkpoint, RunDir, checkpoint_step
+
+_T = TypeVar("_T")
 
 __all__ = [
     "CheckpointContents",
@@ -251,7 +255,7 @@ def load_checkpoint(
             raise StoreError(f"{ckpt}/model has no safetensors weights")
         state: dict[str, torch.Tensor] = {}
         for f in files:
-            state.update(load_file(str(f)))
+            state.update(_read(f, "safetensors weights", functools.partial(load_file, str(f))))
         missing, unexpected = model.load_state_dict(state, strict=False)
         # Tied embeddings are saved once; a missing lm_head that is tied is not an error.
         missing = [k for k in missing if not (k.endswith("lm_head.weight") and _tied(model))]
@@ -266,12 +270,28 @@ def load_checkpoint(
                 "checkpoint keeps it (older ones are compacted for replay; --older-checkpoints whole keeps "
                 "every one resumable)"
             )
-        optimizer.load_state_dict(torch.load(ckpt / _OPTIMIZER, weights_only=False))
+        opt_path = ckpt / _OPTIMIZER
+        optimizer.load_state_dict(
+            _read(opt_path, "optimizer state", lambda: torch.load(opt_path, weights_only=False))
+        )
     if restore_rng:
-        _set_rng_state(torch.load(ckpt / _RNG, weights_only=False))
+        rng_path = ckpt / _RNG
+        _set_rng_state(_read(rng_path, "RNG state", lambda: torch.load(rng_path, weights_only=False)))
     return CheckpointState(
         step=int(meta["step"]), policy_version=int(meta["policy_version"]), extra=meta["extra"]
     )
+
+
+def _read(path: Path, what: str, load: Callable[[], _T]) -> _T:
+    """``load()``, with a damaged file (truncated by a full disk, overwritten) reported as a
+    :class:`StoreError` that names it, not as the reader library's own exception."""
+    try:
+        return load()
+    except Exception as e:
+        raise StoreError(
+            f"{path} is damaged and cannot be read as {what} ({type(e).__name__}: {e}); resume from an "
+            "older checkpoint of the run, or delete this one"
+        ) from e
 
 
 def _tied(model: Any) -> bool:

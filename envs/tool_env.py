@@ -26,12 +26,22 @@ session, opened lazily on the first run (an episode that never runs code costs n
 ``sandbox_factory`` (default: ``agentrl.sandbox.LocalSandbox``) or ``sandbox_pool``, and closed or released
 on the next ``reset`` and on ``close``. If the sandbox fails, the call is recorded as ``SANDBOX_ERROR`` and
 the episode ends (``truncated``); the rollout marks such episodes ``infra_failure`` so they are never scored.
+
+Deadlines, so that no episode waits on a dead sandbox: the session starts before the turn's calls run,
+within ``sandbox_start_timeout`` (a pool's queue included), and a start that fails or takes longer is a
+``SANDBOX_ERROR`` for every call of the episode, never counted against the model's ``tool_timeout``. Each
+call has ``tool_timeout`` (and the sandbox's own wall limit under it); a sandbox killed mid-call answers
+``SANDBOX_ERROR`` as soon as its death is seen. The final answer's grading (:meth:`ToolEnv.on_final`) has
+``grade_timeout``; past it the episode fails with :class:`~agentrl.errors.SandboxError` (dropped, not scored).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import inspect
+import math
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -92,6 +102,11 @@ class ToolEnv(Env):
         system_prompt: The system message; the tool instructions replace ``{tools}`` in it, or follow it.
         fewshot: Worked-example messages between the system message and the task.
         tool_timeout: Seconds per tool call (backstop; the python tool's sandbox limit is lower).
+        sandbox_start_timeout: Seconds the episode's sandbox may take to start (a pool's queue included);
+            longer, or a failed start, answers the episode's sandbox calls with ``SANDBOX_ERROR``.
+        grade_timeout: Seconds :meth:`on_final` (grading the final answer) may take; past it the step raises
+            :class:`~agentrl.errors.SandboxError`, so the episode is an infrastructure failure, never
+            reward 0. ``None``: no deadline.
         max_calls_per_turn: Calls beyond this in one turn are answered with an error, not run.
         sandbox_factory: Makes a sandbox session per episode (default: ``agentrl.sandbox.LocalSandbox``).
         sandbox_pool: Borrow sessions from this pool instead (``agentrl.sandbox.SandboxPool``).
@@ -120,11 +135,24 @@ class ToolEnv(Env):
         limits: Limits | None = None,
         tools_in_prompt: bool = True,
         tool_format: str | None = None,
+        sandbox_start_timeout: float = 60.0,
+        grade_timeout: float | None = 120.0,
     ):
         if tool_format is not None:  # a run's choice (--env_kwargs) wins over the subclass's default
             parser = tool_format
         if sandbox_factory is not None and sandbox_pool is not None:
             raise ConfigError("give sandbox_factory or sandbox_pool, not both")
+        if not _positive_seconds(sandbox_start_timeout):
+            raise ConfigError(
+                "sandbox_start_timeout must be a positive finite number of seconds, "
+                f"got {sandbox_start_timeout!r}"
+            )
+        if grade_timeout is not None and not _positive_seconds(grade_timeout):
+            raise ConfigError(
+                f"grade_timeout must be a positive finite number of seconds or None, got {grade_timeout!r}"
+            )
+        self.sandbox_start_timeout = float(sandbox_start_timeout)
+        self.grade_timeout = None if grade_timeout is None else float(grade_timeout)
         tools, self._mcp = _mcp.expand(tools, _process_sandbox)
         self.executor = ToolExecutor(tools, timeout=tool_timeout, max_calls_per_turn=max_calls_per_turn)
         self.parser = get_parser(parser)
@@ -215,7 +243,7 @@ class ToolEnv(Env):
         self.task = self.make_task(options)
         self.turn, self.done = 0, False
         if self._needs_sandbox:
-            self._sandbox = _EpisodeSandbox(self._session)
+            self._sandbox = _EpisodeSandbox(self._session, self.sandbox_start_timeout)
         self.context = ToolContext(
             sandbox=self._sandbox,
             limits=self.limits,
@@ -236,7 +264,7 @@ class ToolEnv(Env):
         parsed = self.parser.parse(action.text, id_prefix=f"call_{turn}")
         assistant = Message("assistant", parsed.content, tool_calls=parsed.calls)
         if not parsed.has_calls:
-            final = await self.on_final(parsed)
+            final = await self._final_within_deadline(parsed)
             if not isinstance(final, StepResult):
                 raise EnvContractError(
                     f"{type(self).__name__}.on_final must return a StepResult, got {final!r:.100}"
@@ -247,12 +275,32 @@ class ToolEnv(Env):
             return final
         if self._mcp:  # start MCP servers outside the calls' time limit (a slow start is not the model's)
             await _mcp.start_sessions(self._mcp, {c.name for c in parsed.calls})
+        if self._sandbox is not None and any(
+            (t := self.executor.tools.get(c.name)) is not None and t.needs_sandbox for c in parsed.calls
+        ):  # start the session outside the calls' time limit (a slow start is not the model's)
+            await self._sandbox.open()
         records = await self.executor.run(parsed, self.context, turn=turn)
         result = StepResult(self.tool_messages(records), assistant_message=assistant, tool_calls=records)
         if result.infra_error is not None:  # the rollout ends the episode as sandbox_error
             self.done = True
             return dataclasses.replace(result, observation=(), truncated=True)
         return result
+
+    async def _final_within_deadline(self, parsed: ParsedTurn) -> StepResult:
+        """:meth:`on_final` under ``grade_timeout``: a grader stuck on a dead sandbox or judge is an
+        infrastructure failure of this episode, not a hang of the whole rollout."""
+        if self.grade_timeout is None:
+            return await self.on_final(parsed)
+        try:
+            async with asyncio.timeout(self.grade_timeout) as deadline:
+                return await self.on_final(parsed)
+        except TimeoutError:
+            if not deadline.expired():
+                raise  # the grader's own timeout, not ours
+            raise SandboxError(
+                f"grading did not finish within {self.grade_timeout:g} s (grade_timeout): a grading sandbox "
+                "or judge that does not answer; the episode is dropped, not scored"
+            ) from None
 
     def tool_messages(self, records: Sequence[ToolRecord]) -> Observation:
         """One ``tool`` message per record, its content wrapped by the parser."""
@@ -306,13 +354,28 @@ class ToolEnv(Env):
             import agentrl.sandbox as backends
 
             cm = backends.LocalSandbox(limits=self.limits)
-        async with cm as sandbox:
+        try:
+            sandbox = await cm.__aenter__()
+        except BaseException:
+            # A start cut short (grade_timeout) may hold processes already: ``async with`` would not exit.
+            with contextlib.suppress(Exception):
+                await cm.__aexit__(None, None, None)
+            raise
+        try:
             yield sandbox
+        finally:
+            await cm.__aexit__(None, None, None)
 
     async def _release_sandbox(self) -> None:
         sandbox, self._sandbox = self._sandbox, None
         if sandbox is not None:
             await sandbox.close()
+
+
+def _positive_seconds(value: object) -> bool:
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and value > 0 and math.isfinite(value)
+    )
 
 
 def _process_sandbox() -> _mcp.ProcessLauncher:
@@ -323,25 +386,48 @@ def _process_sandbox() -> _mcp.ProcessLauncher:
 
 
 class _EpisodeSandbox:
-    """One episode's sandbox session, opened on first use. A failure to open is reported as the run's
-    ``SANDBOX_ERROR`` result rather than raised, like any other sandbox failure."""
+    """One episode's sandbox session, opened on first use within ``start_timeout`` seconds. A failure to
+    open is remembered and reported as every run's ``SANDBOX_ERROR`` result rather than raised, like any
+    other sandbox failure."""
 
-    def __init__(self, session: Callable[[], Awaitable[AbstractAsyncContextManager[Sandbox]]]):
+    def __init__(
+        self,
+        session: Callable[[], Awaitable[AbstractAsyncContextManager[Sandbox]]],
+        start_timeout: float = 60.0,
+    ):
         self._session = session
+        self._start_timeout = start_timeout
         self._cm: AbstractAsyncContextManager[Sandbox] | None = None
         self._inner: Sandbox | None = None
         self._closed = False
+        self._start_error = ""
+
+    async def open(self) -> None:
+        """Start the session now unless it is running, closed or already failed to start."""
+        if self._inner is not None or self._closed or self._start_error:
+            return
+        cm: AbstractAsyncContextManager[Sandbox] | None = None
+        try:
+            async with asyncio.timeout(self._start_timeout):
+                cm = await self._session()
+                self._inner = await cm.__aenter__()
+            self._cm = cm
+        except Exception as e:
+            if isinstance(e, TimeoutError):
+                why = f"it did not start within {self._start_timeout:g} s (sandbox_start_timeout)"
+            else:
+                why = repr(e)
+            self._start_error = f"could not start the sandbox: {why}"
+            if cm is not None:  # release what a half-made start holds (processes, a pool slot)
+                with contextlib.suppress(Exception):
+                    await cm.__aexit__(None, None, None)
 
     async def run(self, code: str, *, timeout: float | None = None) -> ExecResult:
         if self._closed:
             return ExecResult(ToolStatus.SANDBOX_ERROR, message="the episode's sandbox is closed")
+        await self.open()
         if self._inner is None:
-            try:
-                cm = await self._session()
-                self._inner = await cm.__aenter__()
-                self._cm = cm
-            except Exception as e:
-                return ExecResult(ToolStatus.SANDBOX_ERROR, message=f"could not start the sandbox: {e!r}")
+            return ExecResult(ToolStatus.SANDBOX_ERROR, message=self._start_error or "no sandbox")
         return await self._inner.run(code, timeout=timeout)
 
     async def reset(self) -> None:

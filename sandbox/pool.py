@@ -4,6 +4,12 @@ At most ``size`` sandboxes are alive at once (an atomic cap: the count is taken 
 created). When all are in use, up to ``max_waiting`` callers wait in a FIFO queue; the next one gets a
 clear ``busy`` :class:`~agentrl.errors.SandboxError` at once, and a waiter that has waited ``acquire_timeout``
 seconds gets one too. Nothing ever spawns beyond the cap.
+
+Starting is capped apart from living: at most ``max_starting`` sandboxes start (or reset, which starts a
+fresh session) at once, and the rest queue for a start in arrival order: hundreds of sandboxes starting
+together fail where a few at a time succeed. Each start has its own deadline (``start_timeout``): a sandbox
+that does not come up in time is closed, its slot freed, and the caller gets a
+:class:`~agentrl.errors.SandboxError` (an infrastructure failure).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -21,9 +28,29 @@ from agentrl.execution import ExecResult
 from agentrl.protocols import Sandbox
 from agentrl.types import ToolStatus
 
-__all__ = ["PoolStats", "SandboxPool"]
+__all__ = ["MAX_STARTING_ENV", "PoolStats", "SandboxPool"]
 
 log = logging.getLogger(__name__)
+
+MAX_STARTING_ENV = "AGENTRL_SANDBOX_MAX_STARTING"
+"""Environment variable with the default ``max_starting`` of every pool (the trainers' pools included)."""
+_DEFAULT_MAX_STARTING = 4
+
+
+def default_max_starting() -> int:
+    """``$AGENTRL_SANDBOX_MAX_STARTING``, else 4. A value that is not a positive integer is an error."""
+    raw = os.environ.get(MAX_STARTING_ENV, "").strip()
+    if not raw:
+        return _DEFAULT_MAX_STARTING
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(
+            f"{MAX_STARTING_ENV}={raw!r} must be a positive integer (sandboxes starting at once)"
+        )
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +69,12 @@ class PoolStats:
     """Acquisitions refused because the pool was saturated."""
     resets: int
     """Sandboxes reset on release so far."""
+    starting: int
+    """Sandboxes starting or resetting now (at most ``max_starting``)."""
+    start_waiting: int
+    """Starts and resets queued behind ``max_starting``."""
+    most_starting: int
+    """The most sandboxes ever starting or resetting at once."""
 
 
 class SandboxPool:
@@ -53,6 +86,10 @@ class SandboxPool:
         max_waiting: most callers queued when all ``size`` are in use; beyond that ``acquire`` fails fast.
         acquire_timeout: most seconds a queued caller waits.
         warm: sandboxes to start ahead of demand in :meth:`start` (default: ``min(size, 2)``).
+        max_starting: most sandboxes starting at once; later starts queue in arrival order (default:
+            ``$AGENTRL_SANDBOX_MAX_STARTING``, else 4).
+        start_timeout: most seconds one sandbox may take to start (after its turn in the start queue);
+            one that takes longer is closed and the caller gets a :class:`~agentrl.errors.SandboxError`.
     """
 
     def __init__(
@@ -63,14 +100,30 @@ class SandboxPool:
         max_waiting: int = 64,
         acquire_timeout: float = 30.0,
         warm: int | None = None,
+        max_starting: int | None = None,
+        start_timeout: float = 60.0,
     ):
         if size < 1 or max_waiting < 0 or acquire_timeout <= 0:
             raise ConfigError("size must be >= 1, max_waiting >= 0 and acquire_timeout > 0")
+        max_starting = default_max_starting() if max_starting is None else max_starting
+        if isinstance(max_starting, bool) or not isinstance(max_starting, int) or max_starting < 1:
+            raise ConfigError(f"max_starting must be a positive int, got {max_starting!r}")
+        if not 0 < start_timeout < float("inf"):
+            raise ConfigError(
+                f"start_timeout must be a positive finite number of seconds, got {start_timeout!r}"
+            )
         self._factory = factory
         self.size = size
         self.max_waiting = max_waiting
         self.acquire_timeout = acquire_timeout
         self._warm = min(size, 2) if warm is None else max(0, min(size, warm))
+        self.max_starting = max_starting
+        self.start_timeout = float(start_timeout)
+        # asyncio.Semaphore wakes its waiters in arrival order: the start queue is FIFO.
+        self._start_gate = asyncio.Semaphore(max_starting)
+        self._starting = 0
+        self._start_waiting = 0
+        self._most_starting = 0
         self._idle: deque[Sandbox] = deque()
         self._waiters: deque[asyncio.Future[Sandbox | None]] = deque()
         self._live = 0
@@ -123,6 +176,9 @@ class SandboxPool:
             waiting=sum(1 for w in self._waiters if not w.done()),
             busy_rejections=self._busy,
             resets=self._resets,
+            starting=self._starting,
+            start_waiting=self._start_waiting,
+            most_starting=self._most_starting,
         )
 
     # -- acquire / release -------------------------------------------------------------------------
@@ -202,17 +258,40 @@ class SandboxPool:
             self._wake_slot()
             raise
 
-    async def _new(self) -> Sandbox:
-        sb = self._factory()
+    @contextlib.asynccontextmanager
+    async def _start_permit(self) -> AsyncIterator[None]:
+        """One of the ``max_starting`` permits, waited for in arrival order (a start or a reset holds one)."""
+        self._start_waiting += 1
         try:
-            await sb.__aenter__()
-        except BaseException as e:
-            with contextlib.suppress(BaseException):
-                await sb.close()
-            if isinstance(e, SandboxError | asyncio.CancelledError):
-                raise
-            raise SandboxError(f"sandbox failed to start: {e}") from e
-        return sb
+            await self._start_gate.acquire()
+        finally:
+            self._start_waiting -= 1
+        self._starting += 1
+        self._most_starting = max(self._most_starting, self._starting)
+        try:
+            yield
+        finally:
+            self._starting -= 1
+            self._start_gate.release()
+
+    async def _new(self) -> Sandbox:
+        """A started sandbox: wait for a start permit (FIFO), then start one within ``start_timeout``."""
+        async with self._start_permit():
+            sb = self._factory()
+            try:
+                async with asyncio.timeout(self.start_timeout):
+                    await sb.__aenter__()
+            except BaseException as e:
+                with contextlib.suppress(BaseException):
+                    await sb.close()
+                if isinstance(e, SandboxError | asyncio.CancelledError):
+                    raise
+                if isinstance(e, TimeoutError):
+                    raise SandboxError(
+                        f"sandbox did not start within {self.start_timeout:g} s (start_timeout); closed it"
+                    ) from None
+                raise SandboxError(f"sandbox failed to start: {e}") from e
+            return sb
 
     def _give(self, sb: Sandbox) -> None:
         """Hand a ready sandbox to the first live waiter, or park it as idle."""
@@ -239,7 +318,9 @@ class SandboxPool:
             await self._discard(sb)
             return
         try:
-            await sb.reset()
+            # A reset starts a fresh session: it takes a start permit and has the start's deadline.
+            async with self._start_permit(), asyncio.timeout(self.start_timeout):
+                await sb.reset()
             self._resets += 1
         except BaseException as e:
             log.warning("sandbox reset failed, replacing it: %s", e)
