@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from agentrl.errors import ConfigError
 from agentrl.learner.aggregation import LOSS_AGGS, LossAgg
 from agentrl.learner.attention import ATTENTION_CHOICES, AttentionName
+from agentrl.learner.checkpointing import CheckpointingMode, checkpointing_mode
 from agentrl.learner.losses import PolicyLossName
 from agentrl.learner.schedule import LRScheduleName, validate_options
 
@@ -62,9 +63,12 @@ class LearnerConfig:
     few). 0 = chosen for the device (128 on CPU, from the free memory on CUDA)."""
     bf16_autocast: bool = False
     """Run forward passes under bf16 autocast (meant for CUDA; works, slowly, on CPU)."""
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: CheckpointingMode = "auto"
     """HF activation checkpointing in the update's forward and backward passes (less memory, one extra
-    forward); off again after each micro-batch, so a sampler sharing the model generates with its KV cache."""
+    forward; :mod:`agentrl.learner.checkpointing`): ``on`` every micro-batch, ``off`` none (but a row longer
+    than ``micro_batch_tokens``), ``auto`` those that would not fit the device's memory otherwise (measured on
+    CUDA by a probe in the first update; off on CPU). ``true``/``false`` (and booleans) mean on/off. Off again
+    after each micro-batch, so a sampler sharing the model generates with its KV cache."""
     skip_nonfinite_grad: bool = True
     """Skip the optimizer step (and report ``skipped``) when the gradient norm is NaN or inf."""
     measure_update: bool = True
@@ -124,6 +128,8 @@ class LearnerConfig:
             raise ConfigError(f"chunk_size must be >= 1 or 0 (for the device), got {self.chunk_size}")
         if self.attention not in ATTENTION_CHOICES:
             raise ConfigError(f"attention must be one of {ATTENTION_CHOICES}, got {self.attention!r}")
+        # Normalised here (true/false and booleans from older configs become on/off), so readers see one of 3.
+        object.__setattr__(self, "gradient_checkpointing", checkpointing_mode(self.gradient_checkpointing))
         validate_options(self.lr_schedule, self.lr_window, self.lr_trigger, self.lr_decay, self.lr_floor)
 
 
