@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from agentrl.errors import ConfigError
 from agentrl.learner.aggregation import LOSS_AGGS, LossAgg
@@ -100,6 +101,11 @@ class LearnerConfig:
     only during the learner's passes; a sampler sharing the model keeps its own. Packed rows take the
     document-masked kernels (flex, flash) without a dense [T, T] mask."""
 
+    @property
+    def checkpointing(self) -> Literal["auto", "on", "off"]:
+        """``gradient_checkpointing`` as auto, on or off (true/false and booleans are on/off)."""
+        return checkpointing_mode(self.gradient_checkpointing)
+
     def __post_init__(self) -> None:
         if self.policy_loss not in ("ppo", "reinforce"):
             raise ConfigError(f"policy_loss must be 'ppo' or 'reinforce', got {self.policy_loss!r}")
@@ -128,8 +134,7 @@ class LearnerConfig:
             raise ConfigError(f"chunk_size must be >= 1 or 0 (for the device), got {self.chunk_size}")
         if self.attention not in ATTENTION_CHOICES:
             raise ConfigError(f"attention must be one of {ATTENTION_CHOICES}, got {self.attention!r}")
-        # Normalised here (true/false and booleans from older configs become on/off), so readers see one of 3.
-        object.__setattr__(self, "gradient_checkpointing", checkpointing_mode(self.gradient_checkpointing))
+        checkpointing_mode(self.gradient_checkpointing)  # validated, kept as written (old configs read back)
         validate_options(self.lr_schedule, self.lr_window, self.lr_trigger, self.lr_decay, self.lr_floor)
 
 

@@ -191,7 +191,7 @@ class Learner:
         self.optimizer = optimizer or torch.optim.AdamW(
             params, lr=self.config.lr, weight_decay=self.config.weight_decay
         )
-        if self.config.gradient_checkpointing == "on" and checkpointing_switch(self.model) is None:
+        if self.config.checkpointing == "on" and checkpointing_switch(self.model) is None:
             raise ConfigError("gradient_checkpointing on needs an HF model (activation_checkpointing_enable)")
         self._attention()  # an attention implementation that cannot run here fails now, not mid-step
 
@@ -212,7 +212,7 @@ class Learner:
         ``gradient_checkpointing`` on, else for a micro-batch over ``micro_batch_tokens`` (or, under ``auto``,
         one that would not fit: :meth:`_would_not_fit`). It is switched on only here, so a sampler that shares
         the model (and its KV cache) never generates with it. Yields whether it is on."""
-        on = over_budget or self.config.gradient_checkpointing == "on"
+        on = over_budget or self.config.checkpointing == "on"
         switch = checkpointing_switch(self.model) if on else None
         if switch is None:
             yield False
@@ -228,7 +228,7 @@ class Learner:
         """``auto`` checkpointing: whether a micro-batch of ``tokens`` tokens would not fit the CUDA device's
         memory without it, from the activation cost measured once per learner (two probe passes, discarded;
         :func:`measure_activation_cost`). False off CUDA, for other modes, or without HF checkpointing."""
-        if self.config.gradient_checkpointing != "auto" or self.device.type != "cuda":
+        if self.config.checkpointing != "auto" or self.device.type != "cuda":
             return False
         if self not in _COST:
             _COST[self] = None
@@ -454,7 +454,7 @@ class Learner:
             # The fit check first: its one-time probe must run on every rank (FSDP collectives).
             over = self._would_not_fit(mb.num_tokens) or (budget is not None and mb.num_tokens > budget)
             with self._attending(self.model), self._recompute(over) as rc:
-                recomputed += rc and cfg.gradient_checkpointing != "on"
+                recomputed += rc and cfg.checkpointing != "on"
                 loss, pg, clipped, kl, ent, lp = self._micro_loss(
                     mb, w_mb, mb.gather(adv), None if ref is None else mb.gather(ref), dummy
                 )

@@ -75,16 +75,17 @@ def test_auto_is_off_on_cpu():
 
 
 def test_modes_and_their_old_boolean_spellings():
-    assert LearnerConfig().gradient_checkpointing == "auto"
+    assert LearnerConfig().checkpointing == "auto"
     for given, want in ((True, "on"), (False, "off"), ("true", "on"), ("false", "off"), ("off", "off")):
-        assert LearnerConfig(gradient_checkpointing=given).gradient_checkpointing == want  # type: ignore[arg-type]
+        cfg = LearnerConfig(gradient_checkpointing=given)  # type: ignore[arg-type]
+        assert cfg.checkpointing == want and cfg.gradient_checkpointing == given  # kept as written
     with pytest.raises(ConfigError, match="gradient_checkpointing"):
         LearnerConfig(gradient_checkpointing="sometimes")  # type: ignore[arg-type]
     # An older run's config.json (a boolean) and the old flag still read.
-    assert config_from_dict(LearnerConfig, {"gradient_checkpointing": False}).gradient_checkpointing == "off"
+    assert config_from_dict(LearnerConfig, {"gradient_checkpointing": False}).checkpointing == "off"
     for flag, want in (("true", "on"), ("auto", "auto"), ("on", "on")):
         ns = build_parser().parse_args(["train", "--learner.gradient-checkpointing", flag])
-        assert config_from_args(TrainConfig, ns).learner.gradient_checkpointing == want
+        assert config_from_args(TrainConfig, ns).learner.checkpointing == want
 
 
 def test_on_needs_a_model_that_can_checkpoint():
