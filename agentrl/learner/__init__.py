@@ -14,6 +14,7 @@ Modules (each imports only those above it):
 
 * :mod:`~agentrl.learner.attention` — the attention implementation of the learner's passes (``auto``: varlen
   flash or flex_attention on CUDA, which keep packed sequences apart without a dense mask);
+* :mod:`~agentrl.learner.checkpointing` — activation checkpointing (``auto``: from measured memory);
 * :mod:`~agentrl.learner.forward` — :func:`forward_logprobs`: log π, Σπ² and entropy, chunked over tokens;
 * :mod:`~agentrl.learner.losses` — :func:`policy_loss` (REINFORCE, PPO-clip, dual clip) and the k3 KL;
 * :mod:`~agentrl.learner.schedule` — the learning-rate schedules (``constant``, ``length-triggered``), pure;

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from agentrl.errors import ConfigError
 from agentrl.learner.aggregation import LOSS_AGGS, LossAgg
 from agentrl.learner.attention import ATTENTION_CHOICES, AttentionName
+from agentrl.learner.checkpointing import CheckpointingMode, checkpointing_mode
 from agentrl.learner.losses import PolicyLossName
 from agentrl.learner.schedule import LRScheduleName, validate_options
 
@@ -62,9 +64,12 @@ class LearnerConfig:
     few). 0 = chosen for the device (128 on CPU, from the free memory on CUDA)."""
     bf16_autocast: bool = False
     """Run forward passes under bf16 autocast (meant for CUDA; works, slowly, on CPU)."""
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: CheckpointingMode = "auto"
     """HF activation checkpointing in the update's forward and backward passes (less memory, one extra
-    forward); off again after each micro-batch, so a sampler sharing the model generates with its KV cache."""
+    forward; :mod:`agentrl.learner.checkpointing`): ``on`` every micro-batch, ``off`` none (but a row longer
+    than ``micro_batch_tokens``), ``auto`` those that would not fit the device's memory otherwise (measured on
+    CUDA by a probe in the first update; off on CPU). ``true``/``false`` (and booleans) mean on/off. Off again
+    after each micro-batch, so a sampler sharing the model generates with its KV cache."""
     skip_nonfinite_grad: bool = True
     """Skip the optimizer step (and report ``skipped``) when the gradient norm is NaN or inf."""
     measure_update: bool = True
@@ -96,6 +101,11 @@ class LearnerConfig:
     only during the learner's passes; a sampler sharing the model keeps its own. Packed rows take the
     document-masked kernels (flex, flash) without a dense [T, T] mask."""
 
+    @property
+    def checkpointing(self) -> Literal["auto", "on", "off"]:
+        """``gradient_checkpointing`` as auto, on or off (true/false and booleans are on/off)."""
+        return checkpointing_mode(self.gradient_checkpointing)
+
     def __post_init__(self) -> None:
         if self.policy_loss not in ("ppo", "reinforce"):
             raise ConfigError(f"policy_loss must be 'ppo' or 'reinforce', got {self.policy_loss!r}")
@@ -124,6 +134,7 @@ class LearnerConfig:
             raise ConfigError(f"chunk_size must be >= 1 or 0 (for the device), got {self.chunk_size}")
         if self.attention not in ATTENTION_CHOICES:
             raise ConfigError(f"attention must be one of {ATTENTION_CHOICES}, got {self.attention!r}")
+        checkpointing_mode(self.gradient_checkpointing)  # validated, kept as written (old configs read back)
         validate_options(self.lr_schedule, self.lr_window, self.lr_trigger, self.lr_decay, self.lr_floor)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
@@ -25,6 +25,13 @@ from agentrl.errors import ConfigError
 from agentrl.heap import trim_heap
 from agentrl.learner.aggregation import aggregation_weights, episode_counts
 from agentrl.learner.attention import attention_in_effect, one_row_per_micro_batch, resolve_attention
+from agentrl.learner.checkpointing import (
+    ActivationCost,
+    available_bytes,
+    checkpointing_switch,
+    measure_activation_cost,
+    needs_checkpointing,
+)
 from agentrl.learner.config import LearnerConfig, LearnerStats
 from agentrl.learner.distributed import all_reduce_floats, world_size
 from agentrl.learner.forward import ForwardOutput, forward_logprobs, packing_support
@@ -36,6 +43,7 @@ log = logging.getLogger(__name__)
 _TOLD_NO_PACKING: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 _SIZES: weakref.WeakKeyDictionary[Learner, LearnerSizes] = weakref.WeakKeyDictionary()
 _ATTENTION: weakref.WeakKeyDictionary[Learner, tuple[str, str | None]] = weakref.WeakKeyDictionary()
+_COST: weakref.WeakKeyDictionary[Learner, ActivationCost | None] = weakref.WeakKeyDictionary()
 
 __all__ = ["PACKED_ROW_TOKENS", "Learner", "plan_micro_batches", "plan_packed_micro_batches"]
 
@@ -183,8 +191,8 @@ class Learner:
         self.optimizer = optimizer or torch.optim.AdamW(
             params, lr=self.config.lr, weight_decay=self.config.weight_decay
         )
-        if self.config.gradient_checkpointing and self._checkpointing_switch() is None:
-            raise ConfigError("gradient_checkpointing needs an HF model (activation_checkpointing_enable)")
+        if self.config.checkpointing == "on" and checkpointing_switch(self.model) is None:
+            raise ConfigError("gradient_checkpointing on needs an HF model (activation_checkpointing_enable)")
         self._attention()  # an attention implementation that cannot run here fails now, not mid-step
 
     # ---------------------------------------------------------------------------------------------
@@ -198,34 +206,14 @@ class Learner:
             return nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
-    def _checkpointing_switch(self) -> tuple[Callable[[], Any], Callable[[], Any]] | None:
-        """(enable, disable) of the model's HF activation checkpointing; None when it has none."""
-        m = self.model
-        if not getattr(m, "supports_gradient_checkpointing", False):
-            return None
-        kw = {"use_reentrant": False}
-        on, off = (
-            getattr(m, "activation_checkpointing_enable", None),
-            getattr(m, "activation_checkpointing_disable", None),
-        )
-        if callable(on) and callable(off):
-            return (lambda: on(activation_checkpointing_kwargs=kw)), off
-        # transformers < 5 spells it gradient_checkpointing_*.
-        on, off = (
-            getattr(m, "gradient_checkpointing_enable", None),
-            getattr(m, "gradient_checkpointing_disable", None),
-        )
-        if callable(on) and callable(off):
-            return (lambda: on(gradient_checkpointing_kwargs=kw)), off
-        return None
-
     @contextmanager
     def _recompute(self, over_budget: bool) -> Iterator[bool]:
         """Activation checkpointing for one micro-batch's forward and backward: always with
-        ``gradient_checkpointing``, else for a micro-batch over ``micro_batch_tokens``. It is switched on only
-        here, so a sampler that shares the model (and its KV cache) never generates with it. Yields whether it
-        is on."""
-        switch = self._checkpointing_switch() if (over_budget or self.config.gradient_checkpointing) else None
+        ``gradient_checkpointing`` on, else for a micro-batch over ``micro_batch_tokens`` (or, under ``auto``,
+        one that would not fit: :meth:`_would_not_fit`). It is switched on only here, so a sampler that shares
+        the model (and its KV cache) never generates with it. Yields whether it is on."""
+        on = over_budget or self.config.checkpointing == "on"
+        switch = checkpointing_switch(self.model) if on else None
         if switch is None:
             yield False
             return
@@ -235,6 +223,33 @@ class Learner:
             yield True
         finally:
             disable()
+
+    def _would_not_fit(self, tokens: int) -> bool:
+        """``auto`` checkpointing: whether a micro-batch of ``tokens`` tokens would not fit the CUDA device's
+        memory without it, from the activation cost measured once per learner (two probe passes, discarded;
+        :func:`measure_activation_cost`). False off CUDA, for other modes, or without HF checkpointing."""
+        if self.config.checkpointing != "auto" or self.device.type != "cuda":
+            return False
+        if self not in _COST:
+            _COST[self] = None
+            vocab = getattr(getattr(self.model, "config", None), "vocab_size", None)
+            if checkpointing_switch(self.model) is not None and isinstance(vocab, int):
+                _COST[self] = measure_activation_cost(lambda n: self._probe_pass(n, vocab), self.device)
+                self.optimizer.zero_grad(set_to_none=True)
+                log.info("learner activation cost (auto checkpointing): %s", _COST[self])
+        cost = _COST[self]
+        return cost is not None and needs_checkpointing(tokens, cost, available_bytes(self.device))
+
+    def _probe_pass(self, tokens: int, vocab: int) -> None:
+        """One update-shaped forward and backward over a random ``tokens``-token row (its gradient is
+        discarded by the caller), without checkpointing."""
+        ids = torch.randint(vocab, (1, tokens), device=self.device)
+        with self._attending(self.model), self._autocast():
+            out = forward_logprobs(
+                self.model, ids, torch.ones_like(ids), chunk_size=self._chunk(), with_entropy=True
+            )
+            assert out.entropy_B_T is not None
+            ((out.logprobs_B_T + out.entropy_B_T).sum() * 0.0).backward()
 
     def _attention(self) -> str | None:
         """The attention implementation of the learner's passes (None: the model's own), resolved once per
@@ -436,9 +451,10 @@ class Learner:
         for rows, dummy in plans:
             mb = pack_rows(batch, rows)
             w_mb = mb.gather(weight)
-            over = budget is not None and mb.num_tokens > budget
+            # The fit check first: its one-time probe must run on every rank (FSDP collectives).
+            over = self._would_not_fit(mb.num_tokens) or (budget is not None and mb.num_tokens > budget)
             with self._attending(self.model), self._recompute(over) as rc:
-                recomputed += rc and not cfg.gradient_checkpointing
+                recomputed += rc and cfg.checkpointing != "on"
                 loss, pg, clipped, kl, ent, lp = self._micro_loss(
                     mb, w_mb, mb.gather(adv), None if ref is None else mb.gather(ref), dummy
                 )

@@ -127,6 +127,31 @@ def test_learner_step_on_cuda_matches_cpu_fp32_and_bf16_autocast_stays_close():
     assert torch.allclose(bf_lp, cpu_lp, atol=0.1)
 
 
+def test_auto_checkpointing_measures_the_activation_cost_on_cuda():
+    """``auto`` on CUDA: the first step measures a positive per-token cost (two probe passes), a tiny model's
+    micro-batches fit (no recompute), a billion-token one would not, and the probes leave no gradient behind:
+    the step equals the one taken with checkpointing off."""
+    from agentrl.learner.checkpointing import available_bytes, needs_checkpointing
+    from agentrl.learner.learner import _COST
+
+    def step(mode: str):
+        model, batch, adv, cfg_kw = _case()
+        model = model.to("cuda")
+        cfg = LearnerConfig(**{**cfg_kw, "gradient_checkpointing": mode})
+        learner = Learner(model, cfg, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        return learner, learner.step(batch, adv), [p.detach().clone() for p in model.parameters()]
+
+    learner, stats, auto_params = step("auto")
+    cost = _COST[learner]
+    print(f"activation cost: {cost}")
+    assert cost is not None and cost.bytes_per_token > 0
+    assert stats.recomputed_micro_batches == 0
+    assert needs_checkpointing(10**9, cost, available_bytes(learner.device))
+    _, _, off_params = step("off")
+    for a, b in zip(auto_params, off_params, strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
 @pytest.mark.skipif(not torch.distributed.is_nccl_available(), reason="needs NCCL")
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-params"])
 def test_fsdp2_over_nccl_matches_the_plain_cuda_step(tmp_path, bf16):

@@ -40,3 +40,24 @@ def test_learner_throughput_benchmark_runs(tmp_path, capsys):
     assert {"sdpa_over_floor", "padded_over_floor", "sdpa_over_floor_sdpa"} <= set(res)
     assert res["packed"] and res["variants"]["agentrl"]["padding"] <= res["padded_layout_padding"]
     assert "| agentrl |" in md.read_text() and "learner/floor:" in md.read_text()
+
+
+@pytest.mark.slow
+def test_the_long_profile_with_checkpointing_and_the_chunked_floor_runs(tmp_path):
+    """The issue-42 additions at toy size: one long row (``--profile long``), the learner with checkpointing
+    on, and the floor with a chunked LM head beside the full-logits floor."""
+    spec = importlib.util.spec_from_file_location("learner_throughput", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out, md = tmp_path / "r.json", tmp_path / "r.md"
+    argv = ["--shape", "qwen-tiny", "--profile", "long", "--max-len", "300", "--warmup", "0", "--reps", "1"]
+    argv += ["--micro-batch-tokens", "512", "--chunk-size", "32"]
+    argv += ["--variants", "agentrl,agentrl-ckpt,floor,floor-chunked"]
+    assert bench.main([*argv, "--out", str(out), "--md", str(md)]) == 0
+    res = json.loads(out.read_text())
+    assert res["profile"] == "long" and res["rows"] == 1 and res["real_tokens"] == 300
+    assert set(res["variants"]) == {"agentrl", "agentrl-ckpt", "floor", "floor-chunked"}
+    assert all(r["tokens_per_s"] > 0 for r in res["variants"].values())
+    assert {"ckpt_over_floor", "floor_chunked_over_floor", "floor_chunked_peak_ratio"} <= set(res)
+    assert "| floor-chunked |" in md.read_text()
