@@ -9,14 +9,10 @@ the format the run really used, so eval, resume and ``replay --reexec`` read the
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentrl.errors import ConfigError
-
-if TYPE_CHECKING:
-    from agentrl.trainers.train_setup import TrainConfig
 
 __all__ = ["record_choice", "resolve_auto", "tool_format_agrees"]
 
@@ -58,20 +54,22 @@ def resolve_auto(model: str) -> str:
     return found
 
 
-def record_choice(cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` with ``auto`` replaced by the format it chose, printed (a fresh run records this config).
-    Runs that hand no format to their env (not a ToolEnv) keep ``auto``: there is nothing to choose."""
+def record_choice(fmt: str | None, *, env: str, agent: str | None, model: str) -> str | None:
+    """The format a run records for ``--rollout.tool-format fmt``: ``auto`` replaced by the format it chose,
+    printed (a fresh run records it in its config). Runs that hand no format to their env (not a ToolEnv)
+    keep ``auto``: there is nothing to choose. Takes the settings, not the config, so that this module and
+    ``train_setup`` (which owns ``TrainConfig``) import one way."""
     import agentrl
     from agentrl.envs.tool_env import ToolEnv
 
-    if cfg.rollout.tool_format != "auto" or (cfg.agent is not None and cfg.env.endswith(".jsonl")):
-        return cfg
-    cls = agentrl.registry.entry_point(cfg.env)
+    if fmt != "auto" or (agent is not None and env.endswith(".jsonl")):
+        return fmt
+    cls = agentrl.registry.entry_point(env)
     if not (isinstance(cls, type) and issubclass(cls, ToolEnv)):
-        return cfg
-    chosen = resolve_auto(cfg.model)
+        return fmt
+    chosen = resolve_auto(model)
     print(
-        f"--rollout.tool-format auto: {chosen} (the chat template of {cfg.model} renders it); "
+        f"--rollout.tool-format auto: {chosen} (the chat template of {model} renders it); "
         "config.json records it"
     )
-    return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, tool_format=chosen))
+    return chosen

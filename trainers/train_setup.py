@@ -475,7 +475,10 @@ def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, RunDir]:
         cfg = dataclasses.replace(cfg, out=str(run.path))
         cfg = _size_learner(cfg)
         cfg = _learner_attention(cfg)
-        cfg = record_choice(cfg)  # --rollout.tool-format auto: the format it chose, printed and recorded
+        # --rollout.tool-format auto: the format it chose, printed and recorded.
+        fmt = record_choice(cfg.rollout.tool_format, env=cfg.env, agent=cfg.agent, model=cfg.model)
+        if fmt != cfg.rollout.tool_format:
+            cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, tool_format=fmt))
     run.write_config(cfg)
     return cfg, run
 

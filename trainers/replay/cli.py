@@ -15,7 +15,8 @@ trajectories matching the filters are listed; the modes can be combined::
     agentrl replay RUN --step 3 --no-reproduce      # only list step 3's episodes
 
 Exit status: 0 when everything matched, 1 when a check, re-execution, re-score or reproduction found a
-difference (or ``--max-diff`` was exceeded), 2 on a usage or configuration error.
+difference (or ``--max-diff`` was exceeded), 2 on a usage or configuration error, 3 when nothing differed but
+some records could not be re-executed (agent runs, a later sample without its earlier ones).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ from agentrl.trainers.replay.reexec import (
     reexec_status,
 )
 from agentrl.trainers.replay.rejudge import add_rejudge_arguments, rejudge_env_kwargs
-from agentrl.trainers.replay.reproduce import StepReport, reproduce_step
+from agentrl.trainers.replay.reproduce import reproduce_step
+from agentrl.trainers.replay.text import print_recompute, print_step
 from agentrl.trainers.replay.weights import find_tokenizer, train_config
 from agentrl.trainers.train_setup import env_arguments
 from agentrl.types import StopReason, ToolStatus, Trajectory
@@ -334,48 +336,6 @@ def _print_rescore(reports: Sequence[RescoreReport]) -> None:
     print(f"rescore: {ok} of {len(reports)} rewards reproduced")
 
 
-def _print_recompute(rep: replay.RecomputeReport) -> None:
-    print(
-        f"recomputed {rep.tokens} sampled tokens of {len(rep.trajectories)} trajectories "
-        f"(temperature {rep.temperature:g}): max |Δ log-prob| {rep.max_abs_diff:.3g}, "
-        f"mean {rep.mean_abs_diff:.3g}, mean Σπ² {rep.mean_sum_pi_squared:.3g}"
-    )
-    if rep.largest:
-        print("largest differences (recorded sampler log-prob vs recomputed):")
-        print(
-            f"  {'traj':>5} {'token':>6} {'id':>6}  {'text':16} {'recorded':>10} {'recomputed':>10} "
-            f"{'|Δ|':>9} {'Σπ²':>8}"
-        )
-        for d in rep.largest:
-            text = repr(d.text)[1:-1][:16]
-            print(
-                f"  {'-' if d.index is None else d.index:>5} {d.token_index:>6} {d.token_id:>6}  {text:16} "
-                f"{d.recorded:>10.4f} {d.recomputed:>10.4f} {d.abs_diff:>9.3g} {d.sum_pi_squared:>8.3g}"
-            )
-    weights = sorted({t.weights for t in rep.trajectories})
-    print("weights: " + "; ".join(weights))
-
-
-def _print_step(rep: StepReport) -> None:
-    print(
-        f"step {rep.step}: recomputed from {len(rep.indices)} trajectories with {rep.weights} "
-        f"(estimator {rep.estimator}, {rep.device or '-'})"
-    )
-    if "copy of" in rep.weights:
-        rtol, atol = rep.tolerance
-        print(f"  note: half-precision weights, so compared within rtol {rtol:g} / atol {atol:g}")
-    print(f"  {'metric':34} {'recorded':>14} {'recomputed':>14} {'|Δ|':>9}")
-    for c in rep.checks:
-        rec = "-" if c.recorded is None else f"{c.recorded:.8g}"
-        diff = "-" if c.abs_diff is None else f"{c.abs_diff:.2g}"
-        print(f"  {c.name:34} {rec:>14} {c.recomputed:>14.8g} {diff:>9}  {'ok' if c.match else 'DIFFERENT'}")
-    bad = [c.name for c in rep.checks if not c.match]
-    if bad:
-        print(f"step {rep.step}: {len(bad)} of {len(rep.checks)} metrics NOT reproduced: {', '.join(bad)}")
-    else:
-        print(f"step {rep.step}: all {len(rep.checks)} recorded metrics reproduced")
-
-
 # ---------------------------------------------------------------------------------------------------
 def run(ns: argparse.Namespace) -> int:
     """Run ``agentrl replay`` with parsed arguments; returns the exit status."""
@@ -480,7 +440,7 @@ def run(ns: argparse.Namespace) -> int:
             }
             for t in rep_c.trajectories
         ]
-        emit.append(lambda: _print_recompute(rep_c))
+        emit.append(lambda: print_recompute(rep_c))
         if ns.max_diff is not None and rep_c.max_abs_diff > ns.max_diff:
             rc = 1
 
@@ -586,7 +546,7 @@ def run(ns: argparse.Namespace) -> int:
                 {k: v for k, v in dataclasses.asdict(rep_s).items() if k != "advantages"}
                 | {"matches": rep_s.matches}
             )
-            emit.append(lambda: _print_step(rep_s))
+            emit.append(lambda: print_step(rep_s))
             if not rep_s.matches:
                 rc = 1
 
