@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from agentrl import Observation
+from agentrl import Message, Observation
 from agentrl.errors import ConfigError
 from agentrl.tools import ParsedTurn, PythonTool, extract_answer, strip_code_blocks
 
@@ -43,6 +43,14 @@ TIR_PROMPT = (
     "You solve problems, writing Python code when it helps.\n{tools}\n"
     "When you know the result, reply with 'Answer: <your answer>'."
 )
+TIR_EXAMPLE = (
+    Message("user", "What is 352 + 1945 - 87?"),
+    Message("assistant", "```python\nprint(352 + 1945 - 87)\n```"),
+    Message("tool", "```output\n2210\n```", tool_call_id="example_0", name="python"),
+    Message("assistant", "Answer: 2210"),
+)
+"""With the python tool: one worked example of the tool's format before the task (not one of the dataset's
+items), as math-tir-v0 shows one: a 135M model rarely writes a python block without it."""
 _TAGGED = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 
 
@@ -94,7 +102,8 @@ class ReasoningGymEnv(ToolEnv):
     Args:
         dataset: The generator's name (``chain_sum``, ``leg_counting``, ...).
         split: ``"train"`` or the held-out ``"test"`` (another library seed, module docstring).
-        python: Give the model the sandboxed python tool (tool-integrated reasoning).
+        python: Give the model the sandboxed python tool (tool-integrated reasoning), with one worked
+            example of its format (``TIR_EXAMPLE``).
         python_timeout: Seconds per python run.
         **config: The dataset's own config fields (``size`` included: how many items a split cycles
             through); an unknown field is an error that lists the valid ones. Keyword arguments of
@@ -135,6 +144,8 @@ class ReasoningGymEnv(ToolEnv):
         self._seed: int | None = None
         tools = [PythonTool(timeout=python_timeout)] if python else []
         base.setdefault("system_prompt", TIR_PROMPT if python else SYSTEM_PROMPT)
+        if python:
+            base.setdefault("fewshot", TIR_EXAMPLE)
         super().__init__(tools, parser="python" if python else "hermes", **base)
 
     async def reset(

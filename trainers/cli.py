@@ -8,7 +8,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentrl.config import add_config_arguments, config_from_args, config_to_dict
 from agentrl.errors import AgentRLError
@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="model turns per episode (default: the run's --rollout.max-turns, else 3)",
     )
+    ev.add_argument(
+        "--env-kwargs",
+        default=None,
+        help="JSON keyword arguments for the environment (default: the run's, with --model RUN and its env)",
+    )
     ev.add_argument("--json", action="store_true", help="print the report as JSON")
 
     chk = sub.add_parser(
@@ -126,18 +131,26 @@ def _train_config(ns: argparse.Namespace) -> TrainConfig:
     return config_from_args(TrainConfig, ns, base=base)
 
 
+def _env_kwargs(text: str) -> dict[str, Any]:
+    """``--env-kwargs``: a JSON object."""
+    from agentrl.errors import ConfigError
+
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--env-kwargs is not JSON: {e}") from e
+    if not isinstance(kwargs, dict):
+        raise ConfigError("--env-kwargs must be a JSON object")
+    return kwargs
+
+
 def _check(ns: argparse.Namespace) -> int:
     import warnings
 
     import agentrl
     from agentrl.errors import ConfigError
 
-    try:
-        kwargs = json.loads(ns.env_kwargs)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--env-kwargs is not JSON: {e}") from e
-    if not isinstance(kwargs, dict):
-        raise ConfigError("--env-kwargs must be a JSON object")
+    kwargs = _env_kwargs(ns.env_kwargs)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         env = agentrl.make(ns.env, **kwargs)
@@ -214,7 +227,13 @@ def _eval(ns: argparse.Namespace) -> int:
             max_total_tokens=run.max_total_tokens if run is not None else None,
             temperature=run.temperature if run is not None else 1.0,
             device=ns.device,
-            env_kwargs=run.env_kwargs if run is not None and same_env else None,
+            env_kwargs=(
+                _env_kwargs(ns.env_kwargs)
+                if ns.env_kwargs is not None
+                else run.env_kwargs
+                if run is not None and same_env
+                else None
+            ),
         )
     )
     print(json.dumps(config_to_dict(report)) if ns.json else format_report(report))
