@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -169,9 +170,17 @@ class ReasoningGymEnv(ToolEnv):
         return Task(prompt=str(self.entry["question"]), answer=self.entry.get("answer"), info=info)
 
     def score(self, parsed: ParsedTurn) -> float:
-        """The dataset's own ``score_answer`` on the final answer (``None`` when there is none)."""
+        """The dataset's own ``score_answer`` on the final answer (``None`` when there is none). A few of
+        the library's scorers raise on an answer they cannot parse (``prime_factorization`` on words,
+        ``boxnet`` on a bare number) where the others return 0: such an answer scores 0 too, since it is the
+        model's malformed answer, not a failure of the env."""
         answer = final_answer(parsed.content)
-        return float(self.data.score_answer(answer, self.entry))
+        try:
+            with warnings.catch_warnings():  # e.g. numpy's "input contained no data" on an empty answer
+                warnings.simplefilter("ignore")
+                return float(self.data.score_answer(answer, self.entry))
+        except Exception:
+            return 0.0
 
     def sample_actions(self) -> tuple[str, ...]:
         """The dataset's reference answer, when the dataset's own scorer accepts it (some datasets, such as

@@ -78,6 +78,15 @@ def test_partial_credit_comes_through_as_the_library_gives_it():
     assert result.reward == env.data.score_answer(near, env.entry)
 
 
+def test_a_scorer_that_raises_on_a_malformed_answer_scores_it_zero():
+    env = agentrl.make("reasoning-gym:prime_factorization")
+    play(env, 0)
+    with pytest.raises(ValueError):  # the library's own scorer, on words
+        env.data.score_answer("no idea", env.entry)
+    _, _, (result,) = play(env, 0, "<answer>no idea</answer>")
+    assert result.terminated and result.reward == 0.0
+
+
 def test_config_fields_come_from_env_kwargs_and_bad_ones_list_the_valid_fields():
     env = agentrl.make("reasoning-gym:chain_sum", min_terms=2, max_terms=2, max_digits=1)
     play(env, 1)
