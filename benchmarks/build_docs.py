@@ -49,6 +49,11 @@ SECTIONS = [
         "`benchmarks/learner_throughput.py`",
         "the learner's update (packed) vs plain HF training on the same tokens: tokens/s, padding, memory",
     ),
+    (
+        "env_families",
+        "`benchmarks/env_families.py`, `agentrl train`",
+        "reasoning-gym and textarena: episode throughput vs math-tir-arith-v0; a reasoning-gym default run",
+    ),
 ]
 
 
