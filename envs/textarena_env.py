@@ -24,13 +24,14 @@ its global random state reseeded. There is no held-out split: the evaluation pla
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
 import random
+import sys
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -147,13 +148,17 @@ class TextArenaEnv(Env):
         self.done = True
         self._state = _RandomState(0)
 
-    @contextmanager
+    @contextlib.contextmanager
     def _textarena(self) -> Iterator[None]:
-        """Run textarena's code with this env's own global random state (module docstring)."""
+        """Run textarena's code with this env's own global random state (module docstring), its prints on
+        stderr."""
         outside = _RandomState.capture()
         self._state.restore()
         try:
-            yield
+            # Some games print progress to stdout ("Generated puzzle in 1 attempts"): it goes to stderr, so
+            # stdout stays the command's own (agentrl eval --json).
+            with contextlib.redirect_stdout(sys.stderr):
+                yield
         finally:
             self._state = _RandomState.capture()
             outside.restore()

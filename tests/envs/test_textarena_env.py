@@ -118,6 +118,13 @@ def test_a_seed_is_the_same_game_and_the_global_random_state_is_left_alone():
     assert env.game.state.game_state["game_number"] == target
 
 
+def test_what_a_game_prints_goes_to_stderr(capsys):
+    env = agentrl.make("textarena:LogicPuzzle-v0")  # prints "Correct: 0, Total: ..." on an invalid move
+    play(env, 1, "[zzz]")
+    out, err = capsys.readouterr()
+    assert out == "" and "Correct:" in err
+
+
 def test_step_after_the_end_is_a_contract_error():
     env = agentrl.make("textarena:GuessTheNumber-v0")
     play(env, 3)
