@@ -57,5 +57,6 @@ def test_train_one_step_then_replay_reexec_and_eval_the_run(tmp_path, capsys, en
     assert trajectories and all(t.meta.env_id == env for t in trajectories)
     capsys.readouterr()
     assert main(["replay", str(run), "--reexec", "--rescore"]) == 0, capsys.readouterr().err
+    assert "rewards reproduced" in capsys.readouterr().out
     assert main(["eval", "--model", str(run), "--tasks", "1", "--k", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["env"] == env
