@@ -4,6 +4,12 @@ Environments are named by a registered id (``math-tir-v0``) or by reference to a
 ``path/to/file.py:Class`` or ``package.module:Class`` (:func:`canonical_env`, :func:`make`); the reference
 may also name an id that the module registers when imported (``path/to/file.py:my-env-v0``).
 
+Families: ``register_family("reasoning-gym", "pkg.module:Class", arg="dataset")`` makes every
+``reasoning-gym:<name>`` an env, built as ``Class(dataset="<name>", **kwargs)``, for envs that wrap a
+library's whole catalogue. A family's prefix wins over a ``module:Name`` reference of the same spelling; the
+names it accepts are its class's to check (``names=`` optionally lists them for ``agentrl envs``, loaded only
+when asked: listing families imports nothing).
+
 Plug-ins load lazily. Third-party packages (and agentrl's own ``agentrl.envs``) register their environments
 through the ``agentrl.envs`` entry-point group: each entry point names a module that calls :func:`register`
 when imported. ``import agentrl`` imports none of them; the first :func:`make`, :func:`spec`,
@@ -37,21 +43,27 @@ from agentrl.loading import is_file_reference, load_module, load_object, split_r
 from agentrl.types import Action, Message
 
 __all__ = [
+    "EnvFamily",
     "EnvSpec",
     "GymnasiumEnv",
     "canonical_env",
     "entry_point",
     "env_slug",
+    "family_names",
     "list_envs",
+    "list_families",
     "load_plugins",
     "make",
     "register",
+    "register_family",
     "register_gymnasium",
     "spec",
 ]
 
 _ID_RE = re.compile(r"^[A-Za-z][\w.:-]*-v\d+$")
+_FAMILY_RE = re.compile(r"^[A-Za-z][\w.-]*$")
 _REGISTRY: dict[str, EnvSpec] = {}
+_FAMILIES: dict[str, EnvFamily] = {}
 _plugins_loaded = False
 _plugins_loading = False
 _gymnasium_bridge = False
@@ -69,6 +81,82 @@ class EnvSpec:
     """``"package.module:Class"`` or a callable returning an :class:`Env`."""
     defaults: Mapping[str, Any] = field(default_factory=dict)
     """Keyword arguments passed to the entry point unless ``make`` overrides them."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnvFamily:
+    """A family of environments named ``<prefix>:<name>``, all built by one entry point."""
+
+    prefix: str
+    """What comes before the colon: ``reasoning-gym`` in ``reasoning-gym:chain_sum``."""
+    entry_point: EntryPoint
+    """``"package.module:Class"`` or a callable returning an :class:`Env`; called with ``arg=<name>``."""
+    arg: str
+    """The keyword argument that receives the name after the colon."""
+    names: str | Callable[[], list[str]] | None = None
+    """``"package.module:function"`` or a callable listing the accepted names (``agentrl envs PREFIX``);
+    ``None``: the family does not enumerate them."""
+
+    def spec_of(self, ref: str) -> EnvSpec:
+        """The :class:`EnvSpec` of one member, ``<prefix>:<name>``."""
+        name = ref[len(self.prefix) + 1 :]
+        if not name:
+            raise ConfigError(f"env {ref!r} names no member of the family: write {self.prefix}:<name>")
+        return EnvSpec(id=ref, entry_point=self.entry_point, defaults={self.arg: name})
+
+
+def register_family(
+    prefix: str, entry_point: EntryPoint, *, arg: str, names: str | Callable[[], list[str]] | None = None
+) -> EnvFamily:
+    """Make every ``<prefix>:<name>`` an environment built as ``entry_point(**{arg: name}, **kwargs)``.
+
+    The entry point is imported on the first ``make`` of a member, so registering a family that wraps an
+    optional library costs nothing until it is used. Re-registering the same prefix with the same entry point
+    is allowed; a different one is an error, as for ids.
+    """
+    if not isinstance(prefix, str) or not _FAMILY_RE.match(prefix):
+        raise ConfigError(f"family prefix must be letters, digits, '_', '.', '-', got {prefix!r}")
+    if not isinstance(arg, str) or not arg.isidentifier():
+        raise ConfigError(f"family arg must be a keyword argument name, got {arg!r}")
+    if isinstance(entry_point, str) and (entry_point.count(":") != 1 or not all(entry_point.split(":"))):
+        raise ConfigError(f"entry_point must be 'package.module:Name', got {entry_point!r}")
+    if not isinstance(entry_point, str) and not callable(entry_point):
+        raise ConfigError(f"entry_point must be a 'module:Name' string or a callable, got {entry_point!r}")
+    old = _FAMILIES.get(prefix)
+    if old is not None and old.entry_point != entry_point:
+        raise ConfigError(f"env family {prefix!r} is already registered to {old.entry_point!r}")
+    family = EnvFamily(prefix=prefix, entry_point=entry_point, arg=arg, names=names)
+    _FAMILIES[prefix] = family
+    return family
+
+
+def list_families() -> list[EnvFamily]:
+    """Every registered family, by prefix (imports the plug-ins, not the libraries the families wrap)."""
+    load_plugins()
+    return [_FAMILIES[p] for p in sorted(_FAMILIES)]
+
+
+def family_names(prefix: str) -> list[str]:
+    """The member names a family accepts, sorted (this imports what the family wraps)."""
+    load_plugins()
+    family = _FAMILIES.get(prefix)
+    if family is None:
+        raise EnvNotFoundError(f"no env family {prefix!r}; families: {sorted(_FAMILIES)}")
+    if family.names is None:
+        return []
+    lister = family.names
+    if isinstance(lister, str):
+        try:
+            lister = load_object(lister)  # type: ignore[assignment]
+        except ConfigError as e:
+            raise ConfigError(f"cannot load the name list {family.names!r} of family {prefix!r}: {e}") from e
+    assert callable(lister)
+    return sorted(lister())
+
+
+def _family_of(ref: str) -> EnvFamily | None:
+    prefix, sep, _ = ref.partition(":")
+    return _FAMILIES.get(prefix) if sep else None
 
 
 def register(id: str, entry_point: EntryPoint, **defaults: Any) -> EnvSpec:
@@ -160,6 +248,9 @@ def spec(id: str) -> EnvSpec:
     found = _REGISTRY.get(id) if isinstance(id, str) else None
     if found is not None:
         return found
+    family = _family_of(id) if isinstance(id, str) else None
+    if family is not None:
+        return family.spec_of(id)
     if isinstance(id, str) and id.startswith("agentrl/") and id.removeprefix("agentrl/") in _REGISTRY:
         bare = id.removeprefix("agentrl/")
         raise EnvNotFoundError(
@@ -207,7 +298,7 @@ def canonical_env(ref: str) -> str:
     path (so resume, eval and replay from another directory build the same env), a module reference as
     it is. Checks that the reference loads."""
     spec(ref)
-    if ref in _REGISTRY:
+    if ref in _REGISTRY or _family_of(ref) is not None:
         return ref
     where, name = split_reference(ref)
     if is_file_reference(where):
@@ -216,7 +307,10 @@ def canonical_env(ref: str) -> str:
 
 
 def env_slug(ref: str) -> str:
-    """A short name for a run folder: the id, or the ``Name`` of ``where:Name``."""
+    """A short name for a run folder: the id, a family member as ``prefix_name``, or the ``Name`` of
+    ``where:Name``."""
+    if _family_of(ref) is not None:
+        return re.sub(r"[^\w.-]+", "_", ref)
     tail = ref.rsplit(":", 1)[-1] if ":" in ref and ref not in _REGISTRY else ref
     return re.sub(r"[^\w.-]+", "_", tail.rsplit("/", 1)[-1]) or "env"
 

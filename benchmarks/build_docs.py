@@ -64,6 +64,11 @@ SECTIONS = [
         "`benchmarks/bfcl_multi_turn.py`",
         "BFCL multi-turn accuracy per category (held-out split); episodes/s vs math-tir-arith-v0",
     ),
+    (
+        "env_families",
+        "`benchmarks/env_families.py`, `agentrl train`",
+        "reasoning-gym and textarena: episode throughput vs math-tir-arith-v0; a reasoning-gym default run",
+    ),
 ]
 
 

@@ -6,6 +6,7 @@ Loaded lazily through the ``agentrl.envs`` entry point by the first ``agentrl.ma
 
 from agentrl import register
 from agentrl.envs.tool_env import Task, ToolEnv
+from agentrl.registry import register_family
 
 __all__ = ["Task", "ToolEnv"]
 
@@ -23,3 +24,16 @@ register("long-chain-v0", "agentrl.envs.long_chain:LongChainEnv")
 register("bfcl-multi-turn-v0", "agentrl.envs.bfcl:BFCLMultiTurnEnv")
 # A one-turn writing task with no exact answer, rewarded by a judge or rubric (--reward.*).
 register("judged-v0", "agentrl.envs.judged:JudgedEnv")
+# Library catalogues, one env per member; the libraries are optional extras, imported on the first make.
+register_family(
+    "reasoning-gym",
+    "agentrl.envs.reasoning_gym_env:ReasoningGymEnv",
+    arg="dataset",
+    names="agentrl.envs.reasoning_gym_env:dataset_names",
+)
+register_family(
+    "textarena",
+    "agentrl.envs.textarena_env:TextArenaEnv",
+    arg="game",
+    names="agentrl.envs.textarena_env:game_names",
+)

@@ -15,9 +15,13 @@ from agentrl.errors import AgentRLError
 from agentrl.run import RunDir
 
 if TYPE_CHECKING:
+    from agentrl.registry import EnvFamily
     from agentrl.trainers.pg import TrainConfig
 
-ENV_HELP = "registered environment id (agentrl envs), path/to/file.py:Class or package.module:Class"
+ENV_HELP = (
+    "registered environment id (agentrl envs), family member (reasoning-gym:chain_sum), "
+    "path/to/file.py:Class or package.module:Class"
+)
 TRAIN_ALIASES = {"lr": "learner.lr", "temperature": "rollout.temperature"}
 
 
@@ -113,7 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     export.add_parser(sub)
 
-    sub.add_parser("envs", help="list registered environments, each with the first line of its docstring")
+    envs = sub.add_parser(
+        "envs",
+        help="list registered environments, each with the first line of its docstring, and env families",
+    )
+    envs.add_argument(
+        "family",
+        nargs="?",
+        help="list the members of this env family instead (e.g. reasoning-gym, textarena)",
+    )
     return parser
 
 
@@ -274,13 +286,34 @@ def _describe(env_id: str) -> str:
     return f"{line} [{fixed}]" if fixed else line
 
 
-def _envs() -> int:
+def _describe_family(family: EnvFamily) -> str:
+    """The first line of a family's entry point's docstring."""
+    from agentrl.loading import load_object
+
+    try:
+        entry = load_object(family.entry_point) if isinstance(family.entry_point, str) else family.entry_point
+    except AgentRLError as e:
+        return f"(cannot be imported: {e})"
+    return " ".join((entry.__doc__ or "").strip().split("\n\n")[0].split())
+
+
+def _envs(family: str | None = None) -> int:
     import agentrl
 
+    if family is not None:  # imports the library the family wraps (an error names its install command)
+        for name in agentrl.registry.family_names(family):
+            print(f"{family}:{name}")
+        return 0
     ids = agentrl.list_envs()
-    width = max((len(i) for i in ids), default=0)
+    # A family is listed by its entry point's docstring; the library it wraps is imported only by
+    # `agentrl envs FAMILY`.
+    families = {f"{f.prefix}:<{f.arg}>": f for f in agentrl.registry.list_families()}
+    width = max((len(i) for i in [*ids, *families]), default=0)
     for env_id in ids:
         print(f"{env_id:<{width}}  {_describe(env_id)}".rstrip())
+    for name, fam in families.items():
+        more = f" (agentrl envs {fam.prefix} lists them)" if fam.names is not None else ""
+        print(f"{name:<{width}}  {_describe_family(fam)}{more}".rstrip())
     return 0
 
 
@@ -318,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return gateway_cli.run(ns)
         if ns.command == "envs":
-            return _envs()
+            return _envs(ns.family)
     except AgentRLError as e:
         print(f"agentrl {ns.command}: error: {e}", file=sys.stderr)
         return 2
