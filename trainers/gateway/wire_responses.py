@@ -23,7 +23,7 @@ from typing import Any
 
 from agentrl.types import Message
 
-from .wire import ChatRequest, GatewayError, WireCall, WireMessage, _int, _number, _tools
+from .wire import ChatRequest, GatewayError, WireCall, WireMessage, _int, _number, _tool_choice, _tools
 
 __all__ = ["RESPONSES_API", "ResponsesRequest", "parse_responses_request", "response_body", "response_events"]
 
@@ -158,18 +158,6 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         stream=stream,
     )
     return ResponsesRequest(chat, instructions, items, prev, store is not False, tools, metadata)
-
-
-def _tool_choice(v: Any) -> Any:
-    if v is None or v == "auto":
-        return "auto"
-    if v == "none":
-        return "none"
-    raise _bad(
-        f"tool_choice {v!r} is not supported: the policy samples freely, so the gateway cannot force a tool "
-        "call; use 'auto' or 'none'",
-        "tool_choice",
-    )
 
 
 def _function_tools(v: Any) -> tuple[tuple[Mapping[str, Any], ...], list[dict[str, Any]]]:
