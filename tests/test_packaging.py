@@ -42,7 +42,7 @@ CORE_LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ),
     ("contracts", frozenset({"protocols", "env", "registry", "checker"})),
     ("tokens", frozenset({"masking", "chat", "audit"})),
-    ("records", frozenset({"store", "metrics", "scores", "staleness", "dynamic_sampling"})),
+    ("records", frozenset({"store", "metrics", "metric_names", "scores", "staleness", "dynamic_sampling"})),
     ("replay", frozenset({"replay"})),
     (
         "acting",
