@@ -248,6 +248,20 @@ def test_layer_and_cycle_checks_catch_planted_violations(tmp_path):
     assert find_cycles(graph) == [["agentrl.errors", "agentrl.update"]]
 
 
+def test_core_tests_mirror_the_modules_they_test():
+    """``tests/core/test_<module>[_<aspect>].py``: each core test file is named after the agentrl module it
+    tests, so the tests of a module are found by its name."""
+    modules = {p.stem for p in (ROOT / "agentrl").glob("*.py")} | {
+        p.parent.name for p in (ROOT / "agentrl").glob("*/__init__.py")
+    }
+    stray = [
+        p.name
+        for p in sorted((ROOT / "tests" / "core").glob("test_*.py"))
+        if not any(p.stem == f"test_{m}" or p.stem.startswith(f"test_{m}_") for m in modules)
+    ]
+    assert stray == [], f"rename them test_<module>[_<aspect>].py after the agentrl module they test: {stray}"
+
+
 def test_every_package_folder_is_listed_in_pyproject():
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(cfg["packages"])
