@@ -85,7 +85,7 @@ METRICS: dict[str, MetricName] = {
     **_family(
         _LOOP,
         {
-            "episodes/reused": "complete groups reused from disk on resume",
+            "episodes/reused": "episodes of complete groups reused from disk on resume",
             "time/rollout_s": "the learner's wait for data (with overlap, the generation not hidden)",
             "time/generate_s": "wall time the step's episodes were generating (asynchronous runs)",
             "time/learn_s": "the update, from the data being ready to the weights published",
@@ -183,7 +183,7 @@ METRICS: dict[str, MetricName] = {
             "learn/response_length": "mean model tokens per episode of the step's groups",
             "stability/zero_variance_frac": "groups whose members all got the same reward",
             "stability/collapsed": "1.0 when the collapse detector fired",
-            "stability/solved": "1.0 when every group is solved (not a collapse)",
+            "stability/solved": "1.0 when every episode got the full reward (solved, not a collapse)",
             "stability/silent_steps": "steps in a row without reward signal",
         },
     ),
