@@ -24,14 +24,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import AuditError
-from agentrl.types import Message, StopReason, TokenSource, Trajectory
+from agentrl.types import Message, TokenSource, Trajectory
 
 if TYPE_CHECKING:
     from agentrl.chat import ChatRenderer
 
 __all__ = ["audit_trajectory", "recompute_logprobs"]
-
-_CUT_STOPS = frozenset({StopReason.TURN_TOKENS, StopReason.MAX_TOKENS})
 
 
 def audit_trajectory(traj: Trajectory, renderer: ChatRenderer | Any) -> None:
@@ -74,12 +72,12 @@ def audit_trajectory(traj: Trajectory, renderer: ChatRenderer | Any) -> None:
                     f"{where}: the turn ends without a stop token ({r.decode(seg_ids[-1:])!r}) yet the "
                     "conversation goes on; a wrong control-token id or an unmarked truncation"
                 )
-            if is_last and not traj.infra_failure and traj.stop_reason not in _CUT_STOPS:
+            if is_last and not traj.infra_failure and not traj.stop_reason.is_token_limit:
                 raise AuditError(
                     f"{where}: the last turn was cut by length (no stop token) but the trajectory says "
                     f"stop_reason={traj.stop_reason.value}, truncated={traj.truncated} (pitfall §15.6)"
                 )
-        if is_last and traj.stop_reason in _CUT_STOPS and not traj.truncated:
+        if is_last and traj.stop_reason.is_token_limit and not traj.truncated:
             raise AuditError(f"stop_reason={traj.stop_reason.value} but truncated is False")
         if s.message_index is None:
             raise AuditError(f"{where}: no message index; every model turn must map to its message")

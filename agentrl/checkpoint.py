@@ -53,8 +53,6 @@ __all__ = [
     "save_checkpoint",
 ]
 
-_OPTIMIZER = "optimizer.pt"
-_RNG = "rng.pt"
 _FP16_MAX = 65504.0
 
 OlderCheckpoints = Literal["exact", "half", "whole"]
@@ -121,8 +119,8 @@ def save_checkpoint(
     if tokenizer is not None:
         tokenizer.save_pretrained(staged.model_dir)
     if optimizer is not None:
-        torch.save(optimizer.state_dict(), tmp / _OPTIMIZER)
-    torch.save(_rng_state(), tmp / _RNG)
+        torch.save(optimizer.state_dict(), staged.optimizer_path)
+    torch.save(_rng_state(), staged.rng_path)
     staged.state_path.write_text(
         json.dumps({"step": state.step, "policy_version": state.policy_version, "extra": state.extra})
     )
@@ -185,7 +183,7 @@ def describe_checkpoint(ckpt: Checkpoint) -> CheckpointContents:
         raise StoreError(f"{ckpt.path} is not a complete checkpoint: {e}") from e
     compact = meta.get("compact") or {}
     trained = str(compact.get("trained_dtype", stored))
-    return CheckpointContents(stored, trained, (ckpt.path / _OPTIMIZER).is_file())
+    return CheckpointContents(stored, trained, ckpt.optimizer_path.is_file())
 
 
 def compact_checkpoint(ckpt: Checkpoint, *, half: bool = True) -> CheckpointContents:
@@ -205,7 +203,7 @@ def compact_checkpoint(ckpt: Checkpoint, *, half: bool = True) -> CheckpointCont
     if half:
         for f in sorted(ckpt.model_dir.glob("*.safetensors")):
             _halve(f)
-    (ckpt.path / _OPTIMIZER).unlink(missing_ok=True)
+    ckpt.optimizer_path.unlink(missing_ok=True)
     return describe_checkpoint(ckpt)
 
 
@@ -264,18 +262,18 @@ def load_checkpoint(
                 f"{ckpt}: weights do not fit the model (missing {missing}, unexpected {unexpected})"
             )
     if optimizer is not None:
-        if not (ckpt / _OPTIMIZER).is_file():
+        if not found.optimizer_path.is_file():
             raise StoreError(
                 f"{ckpt} has no optimizer state, so training cannot resume from it: only a run's newest "
                 "checkpoint keeps it (older ones are compacted for replay; --older-checkpoints whole keeps "
                 "every one resumable)"
             )
-        opt_path = ckpt / _OPTIMIZER
+        opt_path = found.optimizer_path
         optimizer.load_state_dict(
             _read(opt_path, "optimizer state", lambda: torch.load(opt_path, weights_only=False))
         )
     if restore_rng:
-        rng_path = ckpt / _RNG
+        rng_path = found.rng_path
         _set_rng_state(_read(rng_path, "RNG state", lambda: torch.load(rng_path, weights_only=False)))
     return CheckpointState(
         step=int(meta["step"]), policy_version=int(meta["policy_version"]), extra=meta["extra"]

@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 __all__ = [
+    "SHIMS_REMOVED_IN",
     "AgentRLError",
     "AuditError",
     "CalculatorError",
@@ -84,10 +85,18 @@ class MovedError(AgentRLError, ImportError):
     An ``ImportError``, so ``try: from old import x / except ImportError: from new import x`` works."""
 
 
-def removed_arguments(removed: Mapping[str, str]) -> Callable[[_C], _C]:
+SHIMS_REMOVED_IN = "0.2.0"
+"""The release that drops the migration shims of the current round: the :class:`MigrationError` of every
+:func:`removed_arguments`, the :class:`MovedError` of every moved name, and the attribute hints. After it, an
+old spelling gets Python's own error. Each shim's message says so; CHANGELOG.md ("Migration shims") lists
+them."""
+
+
+def removed_arguments(removed: Mapping[str, str], *, until: str = SHIMS_REMOVED_IN) -> Callable[[_C], _C]:
     """Class decorator (above ``@dataclass`` where there is one): calling the class with a keyword in
     ``removed`` raises :class:`MigrationError` with the migration text ``removed[name]``, instead of Python's
-    bare ``TypeError: unexpected keyword argument``. The signature seen by ``inspect`` (and tyro) is kept."""
+    bare ``TypeError: unexpected keyword argument``. The signature seen by ``inspect`` (and tyro) is kept.
+    ``until``: the release that removes this shim (named in the message)."""
 
     def decorate(cls: _C) -> _C:
         init: Callable[..., None] = cls.__init__  # type: ignore[misc]  # the class's own, not an instance's
@@ -98,7 +107,8 @@ def removed_arguments(removed: Mapping[str, str]) -> Callable[[_C], _C]:
             if gone:
                 raise MigrationError(
                     f"{type(self).__name__}: the {gone[0]}= argument was removed; {removed[gone[0]]} "
-                    "(CHANGELOG.md lists every change that breaks earlier code, with its migration)"
+                    "(CHANGELOG.md lists every change that breaks earlier code, with its migration; this "
+                    f"message goes in agentrl {until})"
                 )
             init(self, *args, **kwargs)
 

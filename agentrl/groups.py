@@ -10,6 +10,11 @@ context is a token sequence of its own. Its samples share ``meta.episode_id`` (a
 ``meta.sample_index`` 0..n-1 and ``meta.num_samples`` n, and its return is the sum over them. A group's
 *members* are episodes: credit baselines, dynamic sampling and group sizes count episodes, never samples, and
 a group never holds part of an episode.
+
+This module is the one home of that rule: :func:`split_episodes` cuts a group's consecutive samples into
+episodes (checking each is complete), :func:`episodes_of` gathers a step's or a file's trajectories in any
+order, :func:`group_trajectories` rebuilds groups from a stream, and :func:`episode_return` sums an episode's
+rewards. The step's metrics, ``agentrl eval`` and the scheduler all count episodes through them.
 """
 
 from __future__ import annotations
@@ -19,10 +24,18 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
-from agentrl.errors import ConfigError, SchemaError
+from agentrl.errors import SHIMS_REMOVED_IN, ConfigError, SchemaError
 from agentrl.types import Trajectory
 
-__all__ = ["Episode", "TrajectoryGroup", "episode_return", "group_trajectories", "split_episodes"]
+__all__ = [
+    "Episode",
+    "TrajectoryGroup",
+    "episode_return",
+    "episode_returns",
+    "episodes_of",
+    "group_trajectories",
+    "split_episodes",
+]
 
 
 Episode = tuple[Trajectory, ...]
@@ -119,7 +132,8 @@ class TrajectoryGroup:
             ):
                 hint = (
                     f" ({name} is a Trajectory's: collect() and run_groups() return TrajectoryGroups since "
-                    "2026-11-26; iterate a group for its trajectories, [t for g in groups for t in g])"
+                    "2026-11-26; iterate a group for its trajectories, [t for g in groups for t in g]; this "
+                    f"hint goes in agentrl {SHIMS_REMOVED_IN})"
                 )
             message = f"'TrajectoryGroup' object has no attribute {name!r}{hint}"
             raise AttributeError(message, name=name, obj=self)
@@ -128,6 +142,32 @@ class TrajectoryGroup:
 def episode_return(episode: Episode) -> float:
     """An episode's return: the sum of its samples' rewards."""
     return float(math.fsum(r for t in episode for r in t.rewards))
+
+
+def episodes_of(trajectories: Iterable[Trajectory]) -> list[Episode]:
+    """Trajectories in any order (a step's, or a file's lines) gathered into episodes, in the order each
+    episode first appears: a multi-sample episode's samples by ``(meta.group_id, meta.episode_id)``, sorted
+    by ``meta.sample_index``; a single-sample trajectory is an episode of its own. Unlike
+    :func:`split_episodes` it neither needs the samples consecutive nor checks that an episode is complete
+    (a step's metrics count what there is)."""
+    out: list[list[Trajectory]] = []
+    at: dict[tuple[str, str], list[Trajectory]] = {}
+    for t in trajectories:
+        if t.meta.num_samples == 1:
+            out.append([t])
+            continue
+        key = (t.meta.group_id, t.meta.episode_id)
+        if key not in at:
+            at[key] = []
+            out.append(at[key])
+        at[key].append(t)
+    return [tuple(sorted(e, key=lambda t: t.meta.sample_index)) for e in out]
+
+
+def episode_returns(trajectories: Iterable[Trajectory]) -> list[float]:
+    """Each usable episode's return (:func:`episode_return`; an episode with an infra failure in any sample
+    is left out), in the order of :func:`episodes_of`."""
+    return [episode_return(e) for e in episodes_of(trajectories) if not any(t.infra_failure for t in e)]
 
 
 def split_episodes(trajectories: tuple[Trajectory, ...]) -> tuple[Episode, ...]:

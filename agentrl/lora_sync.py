@@ -25,7 +25,7 @@ from typing import Any
 
 from agentrl.errors import PolicyError
 from agentrl.lora import adapter_digest, adapter_state
-from agentrl.run import RunDir
+from agentrl.run import ADAPTER_SYNC_FILE, RunDir
 
 __all__ = [
     "SYNC_FILE",
@@ -37,8 +37,8 @@ __all__ = [
     "verify_served",
 ]
 
-SYNC_FILE = "adapter_sync.jsonl"
-"""One :class:`AdapterSync` per line, in the run directory."""
+SYNC_FILE = ADAPTER_SYNC_FILE
+"""One :class:`AdapterSync` per line, in the run directory (:attr:`RunDir.adapter_sync_path` names it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,14 +127,14 @@ def _record(
         )
     size = sum(t.numel() * t.element_size() for t in learner.values())
     record = AdapterSync(version, sampler, got, want, size)
-    with open(run.path / SYNC_FILE, "a") as fh:
+    with open(run.adapter_sync_path, "a") as fh:
         fh.write(json.dumps(asdict(record)) + "\n")
     return record
 
 
 def read_syncs(run: RunDir) -> list[AdapterSync]:
     """The run's :class:`AdapterSync` records, in order (empty when it has none)."""
-    path = run.path / SYNC_FILE
+    path = run.adapter_sync_path
     if not path.is_file():
         return []
     return [AdapterSync(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]

@@ -34,7 +34,7 @@ class MetricsLogger:
                     from torch.utils.tensorboard import SummaryWriter
                 except ImportError as e:
                     raise ConfigError("tensorboard logging needs `pip install tensorboard`") from e
-                self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+                self._tb = SummaryWriter(log_dir=str(RunDir(Path(run_dir)).tensorboard_path))
             elif name == "wandb":
                 try:
                     import wandb
@@ -142,7 +142,7 @@ def plot_run(
     rows = read_metrics(run_dir)
     if not rows:
         raise StoreError(f"{run_dir}/metrics.jsonl has no steps yet")
-    out = Path(out_dir) if out_dir is not None else Path(run_dir) / "plots"
+    out = Path(out_dir) if out_dir is not None else RunDir(Path(run_dir)).plots_path
     out.mkdir(parents=True, exist_ok=True)
     written = []
     is_async = any("async/learner_idle_frac" in r for r in rows)
@@ -191,7 +191,7 @@ def plot_run(
 
 def _plot_eval(run_dir: Path, out: Path, plt: Any) -> Path | None:
     """pass@1 of the untrained and trained policy with their 95 % intervals, from ``eval.json``."""
-    path = run_dir / "eval.json"
+    path = RunDir(run_dir).eval_path
     if not path.is_file():
         return None
     try:

@@ -2,15 +2,23 @@
 
 A run directory made by ``agentrl train``::
 
-    <run>/config.json              the trainer's settings (its typed config, as JSON)
-    <run>/trajectories.jsonl       every episode, appended as it finishes
-    <run>/metrics.jsonl            one line per training step
-    <run>/checkpoints/step-000003/ the state after 3 steps (model/, optimizer.pt, rng.pt, state.json)
-    <run>/scores/step-000003.json  log π and Σπ² the learner computed at step 3 (agentrl.scores)
+    <run>/config.json                   the trainer's settings (its typed config, as JSON)
+    <run>/trajectories.jsonl            every episode, appended as it finishes
+    <run>/metrics.jsonl                 one line per training step
+    <run>/checkpoints/step-000003/      the state after 3 steps (model/, optimizer.pt, rng.pt, state.json)
+    <run>/scores/step-000003.json       log π and Σπ² the learner computed at step 3 (agentrl.scores)
+    <run>/task_sampler/step-000003.json the curriculum's state after step 3 (--curriculum difficulty)
+    <run>/eval-untrained.json           the held-out evaluation before training (and eval-trained.json)
+    <run>/eval.json                     both evaluations and the gain
+    <run>/judge_cache.jsonl             the reward judge's cache (--reward.cache unset)
+    <run>/ledger.jsonl                  the Ray runtime's group ledger (--ray)
+    <run>/adapter_sync.jsonl            each LoRA adapter the sampler was checked to serve (--lora)
+    <run>/tensorboard/, <run>/plots/    TensorBoard events (--loggers tensorboard), ``agentrl plot`` PNGs
 
-:class:`RunDir` is the only place that knows these names; the trainer, ``agentrl eval`` and replay all reach
-a run through it. :class:`ModelSpec` says which weights to load and how; :func:`agentrl.models.resolve_model`
-turns one into a model. This module imports neither torch nor transformers.
+:class:`RunDir` is the only place that knows these names; the trainer, ``agentrl eval``, ``agentrl plot``
+and replay all reach a run through it. :class:`ModelSpec` says which weights to load and how;
+:func:`agentrl.models.resolve_model` turns one into a model. This module imports neither torch nor
+transformers.
 """
 
 from __future__ import annotations
@@ -27,10 +35,19 @@ from agentrl.config import config_from_dict, config_to_dict
 from agentrl.errors import ConfigError, StoreError
 
 __all__ = [
+    "ADAPTER_SYNC_FILE",
     "CHECKPOINTS_DIR",
     "CONFIG_FILE",
+    "EVAL_FILE",
+    "JUDGE_CACHE_FILE",
+    "LEDGER_FILE",
     "METRICS_FILE",
+    "OPTIMIZER_FILE",
+    "PLOTS_DIR",
+    "RNG_FILE",
     "SCORES_DIR",
+    "TASK_SAMPLER_DIR",
+    "TENSORBOARD_DIR",
     "TRAJECTORIES_FILE",
     "Checkpoint",
     "ModelSpec",
@@ -51,6 +68,24 @@ CHECKPOINTS_DIR = "checkpoints"
 """Folder of the checkpoints, one ``step-NNNNNN`` folder each."""
 SCORES_DIR = "scores"
 """Folder of the learner's recorded scores (log π, Σπ²), one ``step-NNNNNN.json`` per step."""
+TASK_SAMPLER_DIR = "task_sampler"
+"""Folder of the curriculum's state (``--curriculum difficulty``), one ``step-NNNNNN.json`` per checkpoint."""
+EVAL_FILE = "eval.json"
+"""The untrained and trained held-out evaluations and their gain."""
+JUDGE_CACHE_FILE = "judge_cache.jsonl"
+"""The reward judge's cache, when the run names none of its own."""
+LEDGER_FILE = "ledger.jsonl"
+"""The Ray runtime's group ledger (``agentrl.trainers.distributed.ledger``)."""
+ADAPTER_SYNC_FILE = "adapter_sync.jsonl"
+"""Each LoRA adapter load the sampler confirmed (``agentrl.lora_sync``)."""
+TENSORBOARD_DIR = "tensorboard"
+"""TensorBoard's event files (``--loggers tensorboard``)."""
+PLOTS_DIR = "plots"
+"""``agentrl plot``'s PNGs, unless it is given a folder."""
+OPTIMIZER_FILE = "optimizer.pt"
+"""A checkpoint's optimizer state (a lean checkpoint drops it)."""
+RNG_FILE = "rng.pt"
+"""A checkpoint's random number generator states."""
 
 _CKPT_RE = re.compile(r"^step-(\d+)$")
 
@@ -86,6 +121,16 @@ class Checkpoint:
     def state_path(self) -> Path:
         """``state.json``: step, policy version and the trainer's extra state."""
         return self.path / "state.json"
+
+    @property
+    def optimizer_path(self) -> Path:
+        """``optimizer.pt``: the optimizer's state (absent from a lean checkpoint)."""
+        return self.path / OPTIMIZER_FILE
+
+    @property
+    def rng_path(self) -> Path:
+        """``rng.pt``: the random number generators' states."""
+        return self.path / RNG_FILE
 
     @property
     def complete(self) -> bool:
@@ -127,6 +172,44 @@ class RunDir:
     def scores_path(self, step: int) -> Path:
         """``<run>/scores/step-NNNNNN.json``: the learner's scores of ``step`` (:mod:`agentrl.scores`)."""
         return self.path / SCORES_DIR / f"{checkpoint_name(step)}.json"
+
+    def task_sampler_path(self, step: int) -> Path:
+        """``<run>/task_sampler/step-NNNNNN.json``: the curriculum's state after ``step``."""
+        return self.path / TASK_SAMPLER_DIR / f"{checkpoint_name(step)}.json"
+
+    def eval_report_path(self, label: str) -> Path:
+        """``<run>/eval-<label>.json``: one held-out evaluation (``untrained`` or ``trained``)."""
+        return self.path / f"eval-{label}.json"
+
+    @property
+    def eval_path(self) -> Path:
+        """``<run>/eval.json``: both evaluations and the gain."""
+        return self.path / EVAL_FILE
+
+    @property
+    def judge_cache_path(self) -> Path:
+        """``<run>/judge_cache.jsonl``: the reward judge's cache when the run names none."""
+        return self.path / JUDGE_CACHE_FILE
+
+    @property
+    def ledger_path(self) -> Path:
+        """``<run>/ledger.jsonl``: the Ray runtime's group ledger."""
+        return self.path / LEDGER_FILE
+
+    @property
+    def adapter_sync_path(self) -> Path:
+        """``<run>/adapter_sync.jsonl``: the LoRA adapter loads the sampler confirmed."""
+        return self.path / ADAPTER_SYNC_FILE
+
+    @property
+    def tensorboard_path(self) -> Path:
+        """``<run>/tensorboard``: TensorBoard's event files."""
+        return self.path / TENSORBOARD_DIR
+
+    @property
+    def plots_path(self) -> Path:
+        """``<run>/plots``: where ``agentrl plot`` writes by default."""
+        return self.path / PLOTS_DIR
 
     def exists(self) -> bool:
         """A run has been started here (its ``config.json`` is on disk)."""

@@ -30,9 +30,8 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-import math
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +39,7 @@ from agentrl.chat import ChatRenderer
 from agentrl.env import Env
 from agentrl.episode import RolloutConfig, SampleSink, run_episode
 from agentrl.errors import ConfigError
+from agentrl.groups import episode_returns, episodes_of  # their home; still importable from here
 from agentrl.protocols import Policy
 from agentrl.types import StopReason, Trajectory, TrajectoryMeta
 
@@ -77,26 +77,6 @@ def link_samples(samples: Sequence[Trajectory], episode_id: str | None = None) -
             errors = (*errors, dataclasses.replace(broken, message=why))
         out.append(dataclasses.replace(t, meta=meta, errors=errors))
     return tuple(out)
-
-
-def episodes_of(trajectories: Iterable[Trajectory]) -> list[tuple[Trajectory, ...]]:
-    """The trajectories gathered into episodes (by ``meta.episode_id``, in order of first appearance),
-    each episode's samples sorted by ``meta.sample_index``. A trajectory without an episode id is an
-    episode of its own."""
-    by_id: dict[str, list[Trajectory]] = {}
-    for n, t in enumerate(trajectories):
-        by_id.setdefault(t.meta.episode_id or f"#{n}", []).append(t)
-    return [tuple(sorted(v, key=lambda t: t.meta.sample_index)) for v in by_id.values()]
-
-
-def episode_returns(trajectories: Iterable[Trajectory]) -> list[float]:
-    """Each usable episode's return (the sum of its samples' rewards; an episode with an infra failure in
-    any sample is left out), in the order of :func:`episodes_of`."""
-    return [
-        math.fsum(t.reward for t in ep)
-        for ep in episodes_of(trajectories)
-        if not any(t.infra_failure for t in ep)
-    ]
 
 
 @dataclass(frozen=True, slots=True)

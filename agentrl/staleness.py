@@ -49,6 +49,7 @@ __all__ = [
     "DroppedGroup",
     "Lease",
     "OnStale",
+    "RuntimeVersions",
     "StepOutcome",
     "StepPlan",
     "episode_staleness",
@@ -150,6 +151,25 @@ class StepOutcome:
     """Task seeds of the groups the update trained on."""
     dropped: tuple[DroppedGroup, ...]
     """Every other group of the step the loop leased (or reused, or skipped), with its reason."""
+
+
+class RuntimeVersions:
+    """The two versions a training runtime reports (``agentrl.trainers.runtime.TrainRuntime``), for a runtime
+    that keeps them itself as ``_start`` and ``_version`` (the Ray runtime, :class:`agentrl.testing.
+    ScriptedRuntime`): one definition of both properties."""
+
+    _start: int
+    _version: int
+
+    @property
+    def start_step(self) -> int:
+        """The step this run starts at (0, or the step of the checkpoint a resume loaded)."""
+        return self._start
+
+    @property
+    def version(self) -> int:
+        """The version of the weights the samplers hold now (the last published)."""
+        return self._version
 
 
 @dataclass

@@ -32,6 +32,7 @@ from typing import Any, Literal, TextIO
 
 from agentrl.errors import SchemaError, StoreError
 from agentrl.groups import TrajectoryGroup, group_trajectories
+from agentrl.run import RunDir
 from agentrl.types import Trajectory
 
 __all__ = ["SCHEMA_VERSION", "JsonlStore", "StoreIssue", "StoreMode", "read_groups", "read_trajectories"]
@@ -219,7 +220,7 @@ def read_trajectories(
     """
     p = Path(path)
     if p.is_dir():
-        p = p / "trajectories.jsonl"
+        p = RunDir(p).trajectories_path
     try:
         fh = open(p, encoding="utf-8")  # noqa: SIM115 - closed in the finally below
     except OSError as e:

@@ -39,7 +39,7 @@ from agentrl.protocols import (
     WeightUpdate,
 )
 from agentrl.rollout import EpisodeDone, schedule_groups
-from agentrl.staleness import StepOutcome
+from agentrl.staleness import RuntimeVersions, StepOutcome
 from agentrl.types import (
     Action,
     Message,
@@ -341,7 +341,7 @@ class FakeSandboxSource:
                 self._free.append(sb)
 
 
-class ScriptedRuntime:
+class ScriptedRuntime(RuntimeVersions):
     """A ``TrainRuntime`` (:class:`agentrl.trainers.runtime.TrainRuntime`) with no model, sampler or env.
 
     Each episode is one model turn of two tokens after a two-token prompt; its reward is
@@ -375,16 +375,6 @@ class ScriptedRuntime:
         self.finished = False
         """True once ``finish_updates`` was called (an update afterwards raises)."""
 
-    @property
-    def start_step(self) -> int:
-        """The step this run starts at."""
-        return self._start
-
-    @property
-    def version(self) -> int:
-        """The weights version the turns sample with now (the last published)."""
-        return self._version
-
     def run_groups(
         self, step: int, *, seeds: Iterable[int], group_size: int, meta: TrajectoryMeta
     ) -> AsyncIterator[EpisodeDone]:
@@ -412,11 +402,11 @@ class ScriptedRuntime:
         )
 
     async def update(self, step: int, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
-        """Record the update; its metrics say how many groups it trained."""
+        """Record the update; its metrics say how many rows it trained (registered names only)."""
         if self.finished:
             raise ConfigError("update after finish_updates")
         self.updates.append((step, list(groups)))
-        return {"learn/loss": 0.0, "learn/groups": float(len(groups))}
+        return {"learn/loss": 0.0, "learn/sequences": float(sum(len(g) for g in groups))}
 
     async def publish(self, version: int, outcome: StepOutcome) -> None:
         """Record the step's outcome; the next turns sample with ``version``."""

@@ -29,6 +29,7 @@ from agentrl.tokenizer_id import TokenizerInfo
 from agentrl.tool_records import ToolRecord, ToolStatus
 
 __all__ = [
+    "TOKEN_LIMIT_STOPS",
     "Action",
     "EpisodeFailure",
     "Message",
@@ -226,6 +227,11 @@ class StopReason(StrEnum):
         """True for stop reasons that make the episode unusable for training."""
         return self in _INFRA_STOPS
 
+    @property
+    def is_token_limit(self) -> bool:
+        """True when a token limit, not the model or the env, ended the episode (``TOKEN_LIMIT_STOPS``)."""
+        return self in TOKEN_LIMIT_STOPS
+
 
 _INFRA_STOPS = frozenset(
     {
@@ -236,6 +242,11 @@ _INFRA_STOPS = frozenset(
         StopReason.JUDGE_ERROR,
     }
 )
+
+TOKEN_LIMIT_STOPS = frozenset({StopReason.TURN_TOKENS, StopReason.MAX_TOKENS})
+"""Stop reasons that mean a token limit ended the episode: a turn cut mid-way (``--rollout.max-new-tokens``)
+or the whole budget spent (``--rollout.max-total-tokens``). The one home of this set: the audit, the step's
+metrics and warning, and ``agentrl eval`` all read it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,13 +16,12 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from agentrl.batch import TokenBatch, collate
-from agentrl.credit import AdvantageEstimator, optimal_token_baseline, variance_proxy_metrics
+from agentrl.credit import AdvantageEstimator, variance_proxy_metrics
 from agentrl.errors import ConfigError
 from agentrl.groups import TrajectoryGroup
 from agentrl.learner import Learner, LearnerStats
@@ -121,19 +120,17 @@ def score_and_credit(
             logprobs, batch.old_logprobs_B_T, batch.loss_mask_B_T, stale_B_T, correction
         )
     batch = dataclasses.replace(batch, old_logprobs_B_T=logprobs)
-    args = (batch.token_rewards_B_T, batch.loss_mask_B_T, logprobs, spi2, batch.group_ids)
-    if weights is not None and weights.active and estimator.name == "otb":
-        # OTB under importance weights: each energy increment scaled by ρ̄² (spec §3.5).
-        adv = optimal_token_baseline(
-            *args, is_weights=weights.rho_B_T, episode_ids=batch.episode_ids_or_none, **_options(estimator)
-        )
-    else:
-        adv = estimator.advantages(*args, episode_ids=batch.episode_ids_or_none)
+    adv = estimator.advantages(
+        batch.token_rewards_B_T,
+        batch.loss_mask_B_T,
+        logprobs,
+        spi2,
+        batch.group_ids,
+        episode_ids=batch.episode_ids_or_none,
+        # OTB scales each energy increment by ρ̄² (spec §3.5); the others leave the weights to the loss.
+        is_weights_B_T=weights.rho_B_T if weights is not None and weights.active else None,
+    )
     return Credit(batch, logprobs, spi2, adv, mismatch, weights, smetrics)
-
-
-def _options(estimator: AdvantageEstimator) -> dict[str, Any]:
-    return {f.name: getattr(estimator, f.name) for f in dataclasses.fields(estimator)}  # type: ignore[arg-type]
 
 
 def _staleness(

@@ -28,7 +28,7 @@ from agentrl.execution import ExecResult
 from agentrl.protocols import Sandbox
 from agentrl.types import ToolStatus
 
-__all__ = ["MAX_STARTING_ENV", "PoolStats", "SandboxPool"]
+__all__ = ["EPISODE_WAITING_FACTOR", "MAX_STARTING_ENV", "PoolStats", "SandboxPool", "rollout_pool"]
 
 log = logging.getLogger(__name__)
 
@@ -341,3 +341,40 @@ class SandboxPool:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+EPISODE_WAITING_FACTOR = 4
+"""A rollout's pool queues up to this many episodes per sandbox before it answers ``busy``."""
+
+
+def rollout_pool(
+    concurrency: int,
+    *,
+    max_starting: int | None = None,
+    factory: Callable[[], Sandbox] | None = None,
+) -> SandboxPool:
+    """The pool a run's episodes share, the one factory of it (the trainer, its rollout workers and its
+    held-out evaluation all build theirs here): one sandbox per episode in flight (``concurrency``,
+    ``--rollout.concurrency``), :data:`EPISODE_WAITING_FACTOR` times as many episodes waiting, and at most
+    ``max_starting`` sandboxes starting at once (None: ``$AGENTRL_SANDBOX_MAX_STARTING``, else 4).
+
+    Args:
+        concurrency: Episodes in flight at once; a positive int.
+        max_starting: Sandboxes that may start (or reset) at once.
+        factory: Makes one sandbox session (default: :class:`agentrl.sandbox.LocalSandbox`).
+
+    Raises:
+        ConfigError: ``concurrency`` or ``max_starting`` is not a positive int.
+    """
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ConfigError(f"a rollout pool needs a positive int concurrency, got {concurrency!r}")
+    if factory is None:
+        from .local import LocalSandbox  # here, not at the top: pool.py serves every backend
+
+        factory = LocalSandbox
+    return SandboxPool(
+        factory,
+        size=concurrency,
+        max_waiting=EPISODE_WAITING_FACTOR * concurrency,
+        max_starting=max_starting,
+    )

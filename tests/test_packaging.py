@@ -42,7 +42,7 @@ CORE_LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ),
     ("contracts", frozenset({"protocols", "env", "registry", "checker"})),
     ("tokens", frozenset({"masking", "chat", "audit"})),
-    ("records", frozenset({"store", "metrics", "scores", "staleness", "dynamic_sampling"})),
+    ("records", frozenset({"store", "metrics", "metric_names", "scores", "staleness", "dynamic_sampling"})),
     ("replay", frozenset({"replay"})),
     (
         "acting",
@@ -246,6 +246,20 @@ def test_layer_and_cycle_checks_catch_planted_violations(tmp_path):
     )
     assert any(b.startswith("agentrl/newthing: no layer") for b in bad), bad
     assert find_cycles(graph) == [["agentrl.errors", "agentrl.update"]]
+
+
+def test_core_tests_mirror_the_modules_they_test():
+    """``tests/core/test_<module>[_<aspect>].py``: each core test file is named after the agentrl module it
+    tests, so the tests of a module are found by its name."""
+    modules = {p.stem for p in (ROOT / "agentrl").glob("*.py")} | {
+        p.parent.name for p in (ROOT / "agentrl").glob("*/__init__.py")
+    }
+    stray = [
+        p.name
+        for p in sorted((ROOT / "tests" / "core").glob("test_*.py"))
+        if not any(p.stem == f"test_{m}" or p.stem.startswith(f"test_{m}_") for m in modules)
+    ]
+    assert stray == [], f"rename them test_<module>[_<aspect>].py after the agentrl module they test: {stray}"
 
 
 def test_every_package_folder_is_listed_in_pyproject():

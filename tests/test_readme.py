@@ -82,6 +82,22 @@ def test_the_pieces_match_the_tree():
     assert listed_top == folders, f"README pieces vs top-level folders: {sorted(listed_top ^ folders)}"
 
 
+def test_the_pieces_name_every_trainers_module():
+    """Under trainers/ the layout block names every module and subpackage of the folder, and nothing else."""
+    root = Path(__file__).resolve().parents[1]
+    layout = re.search(r"```\n(.*?)```", README.split("## The pieces\n", 1)[1], flags=re.S).group(1)
+    listed, top = set(), None
+    for line in layout.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        if not line.startswith(" ") and name.endswith("/"):
+            top = name.rstrip("/")
+        elif top == "trainers" and line.startswith("  ") and not line.startswith("   "):
+            listed.add(name.rstrip("/").removesuffix(".py"))
+    on_disk = {p.stem for p in (root / "trainers").glob("*.py") if p.stem not in ("__init__", "__main__")}
+    on_disk |= {p.parent.name for p in (root / "trainers").glob("*/__init__.py")}
+    assert listed == on_disk, f"README pieces vs trainers/: {sorted(listed ^ on_disk)}"
+
+
 def test_the_pieces_name_every_docs_page():
     root = Path(__file__).resolve().parents[1]
     layout = re.search(r"```\n(.*?)```", README.split("## The pieces\n", 1)[1], flags=re.S).group(1)

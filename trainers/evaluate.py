@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import agentrl
-from agentrl import StopReason, TrajectoryMeta
+from agentrl import TrajectoryMeta
 from agentrl.chat import ChatRenderer
 from agentrl.config import config_from_dict, config_to_dict
 from agentrl.errors import ConfigError
@@ -30,7 +30,7 @@ from agentrl.models import ModelSpec, model_folder, resolve_model
 from agentrl.policies import HFPolicy
 from agentrl.protocols import Policy
 from agentrl.rollout import RolloutConfig, run_groups
-from agentrl.samples import episode_returns, episodes_of
+from agentrl.run import RunDir
 
 __all__ = [
     "INTERVAL",
@@ -229,14 +229,15 @@ async def evaluate_policy(
         t = done.trajectory
         if not t.infra_failure and t.meta.is_last_sample:
             counted += 1
-            limited += t.stop_reason in (StopReason.TURN_TOKENS, StopReason.MAX_TOKENS)
+            limited += t.stop_reason.is_token_limit
         if not t.infra_failure:
             for term in t.reward_terms:
                 term_sums[term.name] = term_sums.get(term.name, 0.0) + term.score
         if done.group is None:
             continue
-        infra += len(episodes_of(done.group.trajectories)) - len(episode_returns(done.group.trajectories))
-        by_task[done.group.task_id] = episode_returns(done.group.trajectories)  # summed over samples
+        infra += done.group.infra_failures
+        usable = done.group.usable()  # its episodes' returns are summed over their samples
+        by_task[done.group.task_id] = list(usable.rewards) if usable is not None else []
     order = sorted(by_task, key=lambda t: int(t.rsplit(":", 1)[-1]) if t.rsplit(":", 1)[-1].isdigit() else 0)
     wins = [sum(r >= 1.0 for r in by_task[t]) for t in order]
     ns = [len(by_task[t]) for t in order]
@@ -309,7 +310,7 @@ def run_settings(model: str) -> RunSettings | None:
     """
     path = Path(model)
     for run in (path, *list(path.parents)[:3]):
-        config = run / "config.json"
+        config = RunDir(run).config_path
         if not config.is_file():
             continue
         try:
@@ -318,7 +319,7 @@ def run_settings(model: str) -> RunSettings | None:
             continue
         if not isinstance(data, dict) or not isinstance(data.get("env"), str):
             continue  # a model folder's own config.json (Hugging Face), or a gateway's folder
-        if run != path and not path.is_relative_to(run / "checkpoints"):
+        if run != path and not path.is_relative_to(RunDir(run).checkpoints_path):
             return None
         env = data["env"]
         if data.get("agent") and env.endswith(".jsonl"):
@@ -351,7 +352,7 @@ def _run_reward(data: dict[str, Any], run: Path) -> dict[str, Any]:
     if not reward.enabled:
         return {}
     if reward.cache is None:
-        reward = dataclasses.replace(reward, cache=str(run / "judge_cache.jsonl"))
+        reward = dataclasses.replace(reward, cache=str(RunDir(run).judge_cache_path))
     return {"reward": reward}
 
 
@@ -409,7 +410,7 @@ async def run_held_out(
 ) -> EvalReport:
     """The trainer's held-out evaluation of ``policy`` (``label``: untrained / trained), printed and written
     to ``<run_dir>/eval-<label>.json``; the untrained one of a resumed run is read back from there."""
-    path = run_dir / f"eval-{label}.json"
+    path = RunDir(run_dir).eval_report_path(label)
     if label == "untrained" and path.exists():
         return config_from_dict(EvalReport, json.loads(path.read_text())["report"])
     make_env, split = held_out_env(env, config.split, **env_kwargs)
@@ -442,7 +443,7 @@ def write_comparison(run_dir: Path, before: EvalReport, after: EvalReport) -> Ga
         "gain": config_to_dict(gain),
         "interval": INTERVAL,
     }
-    (run_dir / "eval.json").write_text(json.dumps(out, indent=1) + "\n")
+    RunDir(run_dir).eval_path.write_text(json.dumps(out, indent=1) + "\n")
     on = f"held-out pass@1 on {gain.tasks} {after.split}" if after.split else f"pass@1 on {gain.tasks} (all"
     print(
         f"{on} tasks{', no test split)' if not after.split else ''} x {after.samples_per_task}: untrained "

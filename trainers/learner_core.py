@@ -235,7 +235,7 @@ class LearnerCore:
             step = load_checkpoint(ckpt, model=plain).step
         opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
         set_model_state_dict(self.model, plain.state_dict(), options=opts)
-        optim = torch.load(ckpt.path / "optimizer.pt", weights_only=False)
+        optim = torch.load(ckpt.optimizer_path, weights_only=False)
         set_optimizer_state_dict(self.model, self.learner.optimizer, optim, options=opts)
         return step
 

@@ -138,7 +138,7 @@ async def local_runtime(
     """Load the model (and a resumed run's checkpoint), build the learner, sampler, sandbox pool and (with
     --agent) the gateway; close them on exit. ``sampler`` replaces the policy the config would build (tests,
     custom backends); it gets the learner's weights through ``load_weights`` after each step."""
-    from agentrl.sandbox import LocalSandbox, SandboxPool
+    from agentrl.sandbox import rollout_pool
     from agentrl.trainers.gateway.agent_rollout import agent_runner
 
     core = LearnerCore(cfg)
@@ -167,8 +167,7 @@ async def local_runtime(
         await train_setup.publish_weights(policy, core.model, start)
     if core.adapted is not None:
         await verify_served(run, policy, core.model, start)  # what the first episodes sample with
-    n = cfg.rollout.concurrency
-    pool = SandboxPool(LocalSandbox, size=n, max_waiting=4 * n) if train_setup.needs_sandbox(cfg) else None
+    pool = rollout_pool(cfg.rollout.concurrency) if train_setup.needs_sandbox(cfg) else None
     async with pool or contextlib.nullcontext(), agent_runner(cfg, policy, core.renderer) as agent:
         yield LocalRuntime(
             cfg,

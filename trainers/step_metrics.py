@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentrl.episode import RolloutConfig
-from agentrl.types import StopReason, ToolStatus, Trajectory
+from agentrl.groups import Episode, episodes_of
+from agentrl.types import TOKEN_LIMIT_STOPS, StopReason, ToolStatus, Trajectory
 
 __all__ = [
     "PARSE_FAIL_WARN_FRAC",
@@ -32,16 +33,12 @@ PARSE_FAIL_WARN_FRAC = 0.5
 """A step where more than this fraction of the attempted tool calls failed to parse is warned about."""
 
 
-TOKEN_LIMIT_STOPS = frozenset({StopReason.TURN_TOKENS, StopReason.MAX_TOKENS})
-"""Stop reasons that mean a token limit, not the model or the env, ended the episode."""
-
-
 def token_limit_warning(trajs: Sequence[Trajectory], rollout: RolloutConfig) -> str | None:
     """A warning when more than half of the episodes ended by a token limit: the limits look sized for
     shorter answers than this env needs (code, long reasoning). ``None`` otherwise. A multi-sample episode
     counts once, by how its last sample ended."""
     # Per episode: a compacted sample ends by design, not at a limit; the episode's end is its last sample's.
-    ok = [t for t in (_merge(e) for e in _episodes(trajs)) if not t.infra_failure]
+    ok = [t for t in (_merge(e) for e in episodes_of(trajs)) if not t.infra_failure]
     turn = sum(t.stop_reason is StopReason.TURN_TOKENS for t in ok)
     total = sum(t.stop_reason is StopReason.MAX_TOKENS for t in ok)
     if not ok or 2 * (turn + total) <= len(ok):
@@ -160,7 +157,7 @@ def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     turns and tool calls summed (docs/otb-multisample.md); ``episodes/samples_per_episode`` says how many
     samples an episode had on average."""
     samples = len(trajs)
-    trajs = [_merge(e) for e in _episodes(trajs)]
+    trajs = [_merge(e) for e in episodes_of(trajs)]
     ok = [t for t in trajs if not t.infra_failure]
     n = max(len(ok), 1)
 
@@ -186,7 +183,7 @@ def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "episodes/samples_per_episode": samples / len(trajs) if trajs else float("nan"),
         "episodes/infra_failures": float(len(trajs) - len(ok)),
         "episodes/truncated": float(sum(t.truncated for t in ok)),
-        "episodes/token_limit_frac": mean([float(t.stop_reason in TOKEN_LIMIT_STOPS) for t in ok]),
+        "episodes/token_limit_frac": mean([float(t.stop_reason.is_token_limit) for t in ok]),
         "time/sandbox_s": float(sum(r.duration_s for t in trajs for r in t.tool_calls)),
     } | reward_term_metrics(ok)
 
@@ -212,23 +209,7 @@ def reward_term_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     return row
 
 
-def _episodes(trajs: Sequence[Trajectory]) -> list[list[Trajectory]]:
-    """The trajectories as episodes (a multi-sample episode's samples together, in sample order)."""
-    out: list[list[Trajectory]] = []
-    at: dict[tuple[str, str], list[Trajectory]] = {}
-    for t in trajs:
-        if t.meta.num_samples == 1:
-            out.append([t])
-            continue
-        key = (t.meta.group_id, t.meta.episode_id)
-        if key not in at:
-            at[key] = []
-            out.append(at[key])
-        at[key].append(t)
-    return [sorted(e, key=lambda t: t.meta.sample_index) for e in out]
-
-
-def _merge(samples: list[Trajectory]) -> Trajectory:
+def _merge(samples: Episode) -> Trajectory:
     """One episode's samples as one record for the metrics above: rewards, tool calls, tokens (and so
     masks and segments) concatenated; the end is the last sample's; an infra failure in any sample counts."""
     if len(samples) == 1:

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from agentrl.errors import ConfigError, StoreError
 from agentrl.groups import TrajectoryGroup
-from agentrl.run import RunDir, checkpoint_name
+from agentrl.run import RunDir
 
 __all__ = [
     "POOL_WEIGHTS",
@@ -62,7 +62,6 @@ envs score 1 for a pass and 0 for a fail)."""
 REFILL_BASE = 500_000
 """Refill seeds start this far into a run seed's range (``seed × 1 000 003``); first draws use
 ``step × groups-per-step`` below it, so the two never meet before step 500 000 / groups-per-step."""
-_SAMPLER_DIR = "task_sampler"
 
 
 def refill_seed(seed: int, step: int, draw: int, groups_per_step: int, max_draws: int) -> int:
@@ -196,7 +195,7 @@ def task_sampler(cfg: Any) -> TaskSampler:
 
 def sampler_state_path(run: RunDir, step: int) -> Path:
     """``<run>/task_sampler/step-NNNNNN.json``: the sampler's state after ``step`` trained steps."""
-    return run.path / _SAMPLER_DIR / f"{checkpoint_name(step)}.json"
+    return run.task_sampler_path(step)
 
 
 def save_sampler_state(run: RunDir, step: int, sampler: TaskSampler) -> None:

@@ -19,8 +19,8 @@ Names: ``otb`` (OTB specification otb-spec.md §3.3), ``grpo`` (group mean, opti
 
 from __future__ import annotations
 
-import inspect
-from typing import Any
+import dataclasses
+from typing import Any, cast
 
 import torch
 
@@ -38,7 +38,6 @@ from agentrl.credit.estimators import (
     Estimator,
     NoBaseline,
     estimator_config,
-    require_policy_stats,
 )
 from agentrl.credit.otb import optimal_token_baseline, sum_pi_squared
 from agentrl.errors import ConfigError
@@ -78,19 +77,30 @@ def compute_advantages(
     group_ids: GroupIds | None,
     **options: Any,
 ) -> torch.Tensor:
-    """Run the estimator called ``name`` on [B, T] inputs; ``options`` are its keyword-only settings
-    (``otb``: is_weights, zero_tail, eps; ``grpo``: norm_by_std, eps; all: episode_ids, the rows that
-    are samples of one episode). Returns [B, T] advantages."""
-    fn = ESTIMATORS.get(name)
-    if fn is None:
-        raise ConfigError(f"unknown advantage estimator {name!r}; choose from {sorted(ESTIMATORS)}")
-    allowed = {
-        p.name for p in inspect.signature(fn).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
-    }
+    """Run the estimator called ``name`` on [B, T] inputs; ``options`` are its settings (``otb``:
+    zero_tail, eps; ``grpo``: norm_by_std, eps) and the per-batch inputs of
+    :meth:`AdvantageEstimator.advantages` (all: ``episode_ids``, the rows that are samples of one episode;
+    ``otb``: ``is_weights``, the importance weights ρ̄). Returns [B, T] advantages.
+
+    A shorthand for the typed estimator: ``compute_advantages("grpo", ..., norm_by_std=False)`` is
+    ``GRPO(norm_by_std=False).advantages(...)``, the one path to the estimator functions."""
+    cls = ESTIMATOR_CONFIGS.get(name)
+    if cls is None:
+        raise ConfigError(f"unknown advantage estimator {name!r}; choose from {sorted(ESTIMATOR_CONFIGS)}")
+    settings = {f.name for f in dataclasses.fields(cast(Any, cls))}
+    allowed = settings | {"episode_ids"} | ({"is_weights"} if cls.uses_importance_weights else set())
     unknown = set(options) - allowed
     if unknown:
         raise ConfigError(
             f"estimator {name!r} does not take {sorted(unknown)}; its options are {sorted(allowed)}"
         )
-    require_policy_stats(name, logprobs, sum_pi_squared)
-    return fn(token_rewards, loss_mask, logprobs, sum_pi_squared, group_ids, **options)
+    estimator = cls(**{k: v for k, v in options.items() if k in settings})
+    return estimator.advantages(
+        token_rewards,
+        loss_mask,
+        logprobs,
+        sum_pi_squared,
+        group_ids,
+        episode_ids=options.get("episode_ids"),
+        is_weights_B_T=options.get("is_weights"),
+    )

@@ -77,6 +77,11 @@ class AdvantageEstimator:
     subtracts_group_baseline: ClassVar[bool] = True
     """True when the baseline comes from the other members of the group (a group of one gets none)."""
 
+    uses_importance_weights: ClassVar[bool] = False
+    """True when the estimator's baseline itself reads the truncated importance weights ρ̄ (OTB scales each
+    energy increment by ρ̄², otb-spec.md §3.5). The others ignore them: the loss applies ρ̄ to every
+    estimator's advantages (:attr:`agentrl.update.Credit.loss_advantages_B_T`)."""
+
     def advantages(
         self,
         token_rewards_B_T: torch.Tensor,
@@ -86,14 +91,21 @@ class AdvantageEstimator:
         group_ids: GroupIds | None,
         *,
         episode_ids: GroupIds | None = None,
+        is_weights_B_T: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Per-token advantages for right-padded [B, T] tensors and one group id per row (0 where the
         loss mask is 0). ``episode_ids`` (one per row) marks the rows that are samples of one episode;
-        None: one row per episode."""
+        None: one row per episode. ``is_weights_B_T``: the off-policy correction's ρ̄ (None: on-policy),
+        read only by an estimator that :attr:`uses_importance_weights`.
+
+        This is the one way every caller (the trainer's update, replay,
+        :func:`agentrl.credit.compute_advantages`) reaches an estimator function."""
         require_policy_stats(self.name, logprobs_B_T, sum_pi_squared_B_T)
         options = {f.name: getattr(self, f.name) for f in dataclasses.fields(cast(Any, self))}
         if episode_ids is not None:
             options["episode_ids"] = episode_ids
+        if is_weights_B_T is not None and self.uses_importance_weights:
+            options["is_weights"] = is_weights_B_T
         return ESTIMATORS[self.name](
             token_rewards_B_T, loss_mask_B_T, logprobs_B_T, sum_pi_squared_B_T, group_ids, **options
         )
@@ -127,6 +139,7 @@ class OTB(AdvantageEstimator):
 
     name: ClassVar[str] = "otb"
     needs_policy_stats: ClassVar[bool] = True
+    uses_importance_weights: ClassVar[bool] = True
 
     zero_tail: bool = True
     """Give the unique longest member's solo tail baseline 0 (advantage = return)."""

@@ -26,7 +26,7 @@ Modules: :mod:`~agentrl.replay.decode` (token ids to text, model turns: the laye
 
 from typing import TYPE_CHECKING
 
-from agentrl.errors import MovedError
+from agentrl.errors import SHIMS_REMOVED_IN, MovedError
 from agentrl.replay.consistency import CheckReport, Finding, check
 from agentrl.replay.decode import TokenText, actions_of, model_segments, token_text, turn_layout
 from agentrl.replay.html import write_html
@@ -87,7 +87,8 @@ if not TYPE_CHECKING:  # at run time only, so type checkers still flag every unk
         if name in _MOVED_TO_TRAINERS:
             raise MovedError(
                 f"agentrl.replay.{name} moved to agentrl.trainers.replay (replay that runs envs, models or "
-                f"the learner lives with the trainers): from agentrl.trainers.replay import {name}",
+                f"the learner lives with the trainers): from agentrl.trainers.replay import {name} (this "
+                f"message goes in agentrl {SHIMS_REMOVED_IN})",
                 name=name,
             )
         raise AttributeError(f"module 'agentrl.replay' has no attribute {name!r}", name=name)

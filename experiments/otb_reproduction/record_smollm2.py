@@ -30,7 +30,7 @@ ENV = "math-tir-arith-v0"
 
 async def record(seeds: list[int], samples: int, out: Path, concurrency: int, max_new_tokens: int) -> None:
     """Run ``samples`` episodes for every seed not yet complete in ``out``."""
-    from agentrl.sandbox import LocalSandbox, SandboxPool
+    from agentrl.sandbox import rollout_pool
 
     done = Counter(t.meta.task_id for t in read_trajectories(out)) if out.exists() else Counter()
     todo = [s for s in seeds if done[f"{ENV}:{s}"] < samples]
@@ -59,7 +59,7 @@ async def record(seeds: list[int], samples: int, out: Path, concurrency: int, ma
     store = JsonlStore(out)
     t0 = time.perf_counter()
     n = 0
-    async with SandboxPool(LocalSandbox, size=concurrency, max_waiting=4 * concurrency) as pool:
+    async with rollout_pool(concurrency) as pool:
 
         def make_env() -> agentrl.Env:
             return agentrl.make(ENV, sandbox_pool=pool)

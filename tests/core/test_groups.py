@@ -39,6 +39,33 @@ def test_a_group_is_validated_and_knows_its_members():
         TrajectoryGroup((member("g", "a"), member("g", "b", task="other")))
 
 
+def test_episodes_are_gathered_in_any_order_by_group_and_episode():
+    from agentrl.groups import episode_returns, episodes_of
+
+    def sample(group: str, episode: str, k: int, n: int, **kw):
+        t = member(group, episode, **kw)
+        return dataclasses.replace(t, meta=dataclasses.replace(t.meta, sample_index=k, num_samples=n))
+
+    # Samples out of order, two groups reusing an episode id, and single-sample trajectories sharing an id:
+    # a multi-sample episode is (group, episode id); a single sample is an episode of its own.
+    stream = [
+        sample("A", "e", 1, 2, reward=0.5),
+        member("A", "s"),
+        sample("B", "e", 0, 2),
+        sample("A", "e", 0, 2, reward=0.25),
+        member("A", "s", reward=0.0, infra=True),
+        sample("B", "e", 1, 2),
+    ]
+    got = episodes_of(stream)
+    assert [[(t.meta.group_id, t.meta.sample_index) for t in e] for e in got] == [
+        [("A", 0), ("A", 1)],
+        [("A", 0)],
+        [("B", 0), ("B", 1)],
+        [("A", 0)],
+    ]
+    assert episode_returns(stream) == [0.75, 1.0, 2.0]  # the infra failure is left out
+
+
 def test_grouping_a_stream_orders_groups_by_completion_and_members_by_stream():
     stream = [member("A", "a1"), member("B", "b1"), member("B", "b2"), member("C", "c1"), member("A", "a2")]
     assert ids(group_trajectories(stream)) == [["b1", "b2"], ["c1"], ["a1", "a2"]]

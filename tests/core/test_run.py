@@ -65,6 +65,28 @@ def test_layout_and_checkpoint_names(tmp_path: Path) -> None:
     assert not run.exists() and run.checkpoints() == () and run.latest_checkpoint() is None
 
 
+def test_every_file_of_a_run_keeps_the_name_earlier_runs_have(tmp_path: Path) -> None:
+    """RunDir names every file of a run; these names are the file format (old runs must still load)."""
+    run = RunDir(tmp_path)
+    names = {
+        run.scores_path(3): "scores/step-000003.json",
+        run.task_sampler_path(3): "task_sampler/step-000003.json",
+        run.eval_report_path("untrained"): "eval-untrained.json",
+        run.eval_path: "eval.json",
+        run.judge_cache_path: "judge_cache.jsonl",
+        run.ledger_path: "ledger.jsonl",
+        run.adapter_sync_path: "adapter_sync.jsonl",
+        run.tensorboard_path: "tensorboard",
+        run.plots_path: "plots",
+        run.checkpoint(3).optimizer_path: "checkpoints/step-000003/optimizer.pt",
+        run.checkpoint(3).rng_path: "checkpoints/step-000003/rng.pt",
+        run.checkpoint(3).state_path: "checkpoints/step-000003/state.json",
+    }
+    assert {p.relative_to(tmp_path).as_posix(): want for p, want in names.items()} == {
+        want: want for want in names.values()
+    }
+
+
 def test_checkpoints_listing_ignores_partial_and_foreign_folders(tmp_path: Path) -> None:
     run = RunDir(tmp_path)
     for step in (2, 999_999, 1_000_000):

@@ -54,10 +54,27 @@ def test_typed_config_matches_the_pure_function_with_its_options(est):
     spans = [[(rng.randint(0, 3), rng.randint(1, 3))] for _ in members]
     d = layout(members, spans)
     args = (d["token_rewards"], d["loss_mask"], d["logprobs"], d["sum_pi_squared"], d["group_ids"])
-    want = compute_advantages(est.name, *args, **dataclasses.asdict(est))
+    want = ESTIMATORS[est.name](*args, **dataclasses.asdict(est))
     got = est.advantages(*args)
     assert torch.equal(got, want)
     assert got.abs().sum() > 0  # the data give every estimator something to do
+
+
+def test_importance_weights_go_through_the_one_interface():
+    rng = random.Random(11)
+    d = layout(random_members(rng, 5, group_sizes=(3, 4), lengths=(2, 8), rewards=(0.0, 1.0)))
+    args = (d["token_rewards"], d["loss_mask"], d["logprobs"], d["sum_pi_squared"], d["group_ids"])
+    rho = torch.rand(d["loss_mask"].shape, generator=torch.Generator().manual_seed(0)) + 0.5
+    # OTB scales its energy by ρ̄² (the pure function's is_weights); the typed call and the named one agree.
+    want = ESTIMATORS["otb"](*args, is_weights=rho, zero_tail=True, eps=1e-8)
+    assert torch.equal(OTB().advantages(*args, is_weights_B_T=rho), want)
+    assert torch.equal(compute_advantages("otb", *args, is_weights=rho), want)
+    assert not torch.equal(want, OTB().advantages(*args))  # the weights changed the baseline
+    # A group baseline does not read them (the loss applies ρ̄ to its advantages), and says so by name.
+    assert OTB.uses_importance_weights and not GRPO.uses_importance_weights
+    assert torch.equal(GRPO().advantages(*args, is_weights_B_T=rho), GRPO().advantages(*args))
+    with pytest.raises(ConfigError, match=r"estimator 'grpo' does not take \['is_weights'\]"):
+        compute_advantages("grpo", *args, is_weights=rho)
 
 
 def test_options_change_the_result():

@@ -313,12 +313,11 @@ class RolloutWorker:
 
     async def _env_factory(self) -> Callable[[], Any]:
         if self._make_env is None:
-            from agentrl.sandbox import LocalSandbox, SandboxPool
+            from agentrl.sandbox import rollout_pool
             from agentrl.trainers import train_setup
 
-            conc = self.cfg.rollout.concurrency
             if train_setup.needs_sandbox(self.cfg):  # as in the local runtime: none for envs that run no code
-                self._pool = await SandboxPool(LocalSandbox, size=conc, max_waiting=4 * conc).__aenter__()
+                self._pool = await rollout_pool(self.cfg.rollout.concurrency).__aenter__()
             self._make_env = train_setup.env_factory(self.cfg, self._pool)
         return self._make_env
 

@@ -41,11 +41,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from agentrl.errors import AgentRLError, ConfigError, StoreError
+from agentrl.run import LEDGER_FILE
 
 __all__ = ["LEDGER_FILE", "GroupKey", "GroupLedger", "GroupState", "LedgerEntry", "LedgerError"]
-
-LEDGER_FILE = "ledger.jsonl"
-"""The ledger's file inside a run directory."""
 
 GroupKey = tuple[int, int]
 """``(step, task seed)``: what a group is, independent of which attempt ran it."""

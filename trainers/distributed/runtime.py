@@ -33,7 +33,7 @@ from agentrl.errors import ConfigError, InfraError, removed_arguments
 from agentrl.groups import TrajectoryGroup
 from agentrl.rollout import EpisodeDone
 from agentrl.run import RunDir
-from agentrl.staleness import StepOutcome
+from agentrl.staleness import RuntimeVersions, StepOutcome
 from agentrl.trainers.distributed.actors import (
     GroupLease,
     GroupResult,
@@ -46,7 +46,7 @@ from agentrl.trainers.distributed.actors import (
     hf_policy_factory,
 )
 from agentrl.trainers.distributed.learner import LearnerActor, shard_groups
-from agentrl.trainers.distributed.ledger import LEDGER_FILE, GroupKey, GroupLedger
+from agentrl.trainers.distributed.ledger import GroupKey, GroupLedger
 from agentrl.trainers.distributed.weights import WeightBroker, WeightRef, make_transport
 from agentrl.trainers.evaluate import EvalReport
 from agentrl.types import TrajectoryMeta
@@ -145,14 +145,12 @@ def _check_resources(ray: Any, cfg: TrainConfig) -> None:
         )
 
 
-class RayRuntime:
+class RayRuntime(RuntimeVersions):
     """The :class:`~agentrl.trainers.runtime.TrainRuntime` on a Ray cluster (built by :func:`ray_runtime`)."""
 
     def __init__(self, ray: Any, cfg: TrainConfig, run: RunDir, opts: RayOptions):
         self.ray, self.cfg, self.run, self.opts = ray, cfg, run, opts
-        self.ledger = GroupLedger(
-            run.path / LEDGER_FILE, lease_s=opts.lease_s, max_attempts=opts.max_attempts
-        )
+        self.ledger = GroupLedger(run.ledger_path, lease_s=opts.lease_s, max_attempts=opts.max_attempts)
         folder = cfg.deploy.weights_dir
         self.transport = make_transport("object_store" if folder is None else "shared_disk", folder)
         self.broker: Any = None
@@ -287,17 +285,8 @@ class RayRuntime:
                 ray.util.remove_placement_group(self.placement)
         self.ledger.close()
 
-    # --- TrainRuntime ---------------------------------------------------------------------------------
-    @property
-    def start_step(self) -> int:
-        """The step of the checkpoint the learner group loaded (0 for a new run)."""
-        return self._start
-
-    @property
-    def version(self) -> int:
-        """The weights version every server reported at the last sync."""
-        return self._version
-
+    # --- TrainRuntime (start_step: the step of the checkpoint the learner group loaded; version: the one
+    # every server reported at the last sync) -----------------------------------------------------------
     async def run_groups(
         self, step: int, *, seeds: Iterable[int], group_size: int, meta: TrajectoryMeta
     ) -> AsyncIterator[EpisodeDone]:
@@ -461,16 +450,13 @@ class RayRuntime:
             return None
         from agentrl.chat import ChatRenderer
         from agentrl.models import resolve_tokenizer
-        from agentrl.sandbox import LocalSandbox, SandboxPool
+        from agentrl.sandbox import rollout_pool
         from agentrl.trainers import train_setup
         from agentrl.trainers.evaluate import run_held_out
 
         renderer = ChatRenderer(resolve_tokenizer(cfg.model))
         policy = ServerPolicy(self.servers, self.balancer, await self.balancer.acquire.remote())
-        n = cfg.rollout.concurrency
-        pool = (
-            SandboxPool(LocalSandbox, size=n, max_waiting=4 * n) if train_setup.needs_sandbox(cfg) else None
-        )
+        pool = rollout_pool(cfg.rollout.concurrency) if train_setup.needs_sandbox(cfg) else None
         try:
             async with pool or contextlib.nullcontext():
                 kwargs = train_setup.env_kwargs(cfg, pool)

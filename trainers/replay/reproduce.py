@@ -294,7 +294,7 @@ def _with_optimizer_state(run: Run, step: int, learner: Learner) -> bool:
     from agentrl.checkpoint import load_checkpoint
 
     ckpt = run.run_dir.find_checkpoint(step) if run.run_dir is not None else None
-    if ckpt is None or not (ckpt.path / "optimizer.pt").is_file():
+    if ckpt is None or not ckpt.optimizer_path.is_file():
         return step == 0
     load_checkpoint(ckpt, optimizer=learner.optimizer, restore_rng=False)
     return True

@@ -116,3 +116,26 @@ def test_the_changelog_lists_each_break_with_its_migration():
     ):
         entry = next((e for e in re.split(r"\n- ", section) if marker in e), None)
         assert entry is not None and "*Migration:*" in entry, marker
+
+
+def test_every_shim_names_the_release_that_removes_it():
+    from agentrl.errors import SHIMS_REMOVED_IN
+
+    gone = re.escape(f"goes in agentrl {SHIMS_REMOVED_IN}")
+    with pytest.raises(MigrationError, match=gone):
+        RolloutConfig(sampling=object())
+    with pytest.raises(MovedError, match=gone):
+        from agentrl.replay import reexec  # noqa: F401
+    text = CHANGELOG.read_text()
+    section = text.split(f"### Migration shims: each goes in agentrl {SHIMS_REMOVED_IN}\n", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    for marker in (
+        "ToolEnv(max_turns=)",
+        "RolloutConfig(sampling=)",
+        "agentrl.replay import reexec",
+        "TrajectoryGroup",
+        "TrainConfig(ray=",
+        "RayOptions(weights=",
+        "agentrl.samples.episodes_of",
+    ):
+        assert marker in section, marker
