@@ -57,7 +57,7 @@ from agentrl.protocols import FinishReason, Generation, Policy, Sampling
 from agentrl.reward_records import RewardTerm
 from agentrl.types import Action, EpisodeFailure, Message, StopReason, ToolRecord, Trajectory, TrajectoryMeta
 
-__all__ = ["RolloutConfig", "SampleSink", "run_episode"]
+__all__ = ["RolloutConfig", "SampleSink", "infra_stop_reason", "run_episode"]
 
 
 @removed_arguments(
@@ -251,7 +251,7 @@ async def run_episode(
             raise EnvContractError("reset must return a non-empty tuple of Message as the observation")
     except Exception as e:
         timings["reset"] = time.perf_counter() - t0
-        fail(type(e).__name__, str(e), -1, _infra_reason(e))
+        fail(type(e).__name__, str(e), -1, infra_stop_reason(e))
         return finish()
     timings["reset"] = time.perf_counter() - t0
     messages.extend(obs)
@@ -315,7 +315,7 @@ async def run_episode(
         except Exception as e:
             timings["env"] += time.perf_counter() - t0
             messages.append(Message("assistant", text))
-            fail(type(e).__name__, str(e), turn, _infra_reason(e))
+            fail(type(e).__name__, str(e), turn, infra_stop_reason(e))
             break
         timings["env"] += time.perf_counter() - t0
         new_obs = result.observation if result.compact is None else ()
@@ -405,7 +405,8 @@ _NO_SINK = (
 )
 
 
-def _infra_reason(e: BaseException) -> StopReason:
+def infra_stop_reason(e: BaseException) -> StopReason:
+    """The stop reason of an episode ended by ``e``: judge_error, sandbox_error, else env_error."""
     if isinstance(e, JudgeError):
         return StopReason.JUDGE_ERROR
     return StopReason.SANDBOX_ERROR if isinstance(e, SandboxError) else StopReason.ENV_ERROR

@@ -11,6 +11,14 @@
   episode limit a caller may share between calls.
 * :func:`collect` drives :func:`run_groups` into a store and returns the groups.
 
+A ``finish_group`` hook (:data:`GroupHook`, e.g. a group-wise judge: :class:`agentrl.rewards.RelativeReward`)
+sees each group once all its members finished, before any of them is reported: it may add reward terms to
+the members (RULER-style relative judging). The group's trajectories are then reported together, so the
+store and the credit see the judged rewards; a member still running when the process dies is lost with its
+group (without a hook each is reported the moment it ends). A hook that raises an
+:class:`~agentrl.errors.InfraError` (a judge outage) makes every member an infrastructure failure (recorded,
+never trained on, never rewarded 0).
+
 One episode is :func:`agentrl.episode.run_episode`; its settings are :class:`~agentrl.episode.RolloutConfig`
 (both re-exported here).
 """
@@ -26,17 +34,18 @@ from dataclasses import dataclass
 
 from agentrl.chat import ChatRenderer
 from agentrl.env import Env
-from agentrl.episode import RolloutConfig, run_episode
-from agentrl.errors import ConfigError
+from agentrl.episode import RolloutConfig, infra_stop_reason, run_episode
+from agentrl.errors import ConfigError, InfraError
 from agentrl.groups import TrajectoryGroup
 from agentrl.protocols import Policy, TrajectoryStore
 from agentrl.samples import run_samples
-from agentrl.types import Trajectory, TrajectoryMeta
+from agentrl.types import EpisodeFailure, Trajectory, TrajectoryMeta
 
 __all__ = [
     "EnvSource",
     "EpisodeDone",
     "EpisodeFn",
+    "GroupHook",
     "RolloutConfig",
     "collect",
     "env_episodes",
@@ -106,6 +115,49 @@ episode's trajectories (one for an env episode; a gateway session the agent spli
 failures inside the episode are its trajectories' business; what it raises stops the whole schedule."""
 
 
+GroupHook = Callable[[TrajectoryGroup], Awaitable[TrajectoryGroup]]
+"""What a complete group goes through before its members are reported (``finish_group`` of
+:func:`schedule_groups`): the same trajectories, in the same order, with rewards and reward terms it may
+change (tokens, masks and identity it must keep). Raising an :class:`~agentrl.errors.InfraError` fails the
+whole group as infrastructure; anything else stops the schedule."""
+
+
+def _finished_group(before: TrajectoryGroup, after: object) -> TrajectoryGroup:
+    """``after`` checked against ``before``: a hook may rescore members, never swap or edit their tokens."""
+    if not isinstance(after, TrajectoryGroup) or len(after) != len(before):
+        raise ConfigError(
+            f"a finish_group hook must return the group's {len(before)} trajectories, got {after!r:.80}"
+        )
+    for a, b in zip(before, after, strict=True):
+        same = (a.meta.episode_id, a.meta.sample_index) == (b.meta.episode_id, b.meta.sample_index)
+        if not same or a.token_ids != b.token_ids:
+            raise ConfigError("a finish_group hook must keep each member's identity, order and tokens")
+    return after
+
+
+def _failed_group(group: TrajectoryGroup, e: InfraError) -> TrajectoryGroup:
+    """Every member of ``group`` as an infrastructure failure of its hook (a judge outage): recorded with the
+    error, dropped from training like a sandbox failure, never scored."""
+    reason = infra_stop_reason(e)
+    return TrajectoryGroup(
+        tuple(
+            dataclasses.replace(
+                t,
+                stop_reason=reason,
+                errors=(*t.errors, EpisodeFailure(type(e).__name__, str(e), t.num_turns - 1, True)),
+            )
+            for t in group
+        )
+    )
+
+
+async def _finish(hook: GroupHook, group: TrajectoryGroup) -> TrajectoryGroup:
+    try:
+        return _finished_group(group, await hook(group))
+    except InfraError as e:
+        return _failed_group(group, e)
+
+
 def env_episodes(
     env: EnvSource, policy: Policy, renderer: ChatRenderer, config: RolloutConfig | None = None
 ) -> tuple[EpisodeFn, str]:
@@ -133,9 +185,11 @@ async def _run_group(
     seed: int,
     limit: asyncio.Semaphore,
     emit: Callable[[EpisodeDone], None],
+    finish_group: GroupHook | None = None,
 ) -> None:
     """The one group runner: every member an episode under ``limit``, ``emit`` told of each trajectory as
-    its episode finishes (the last one with the whole group)."""
+    its episode finishes (the last one with the whole group); with ``finish_group``, of every trajectory
+    once the group is complete and the hook has seen it."""
     finished: list[Trajectory] = []
     left = group_size
 
@@ -145,6 +199,12 @@ async def _run_group(
             trajs = await episode(seed, member, meta)
         finished.extend(trajs)
         left -= 1
+        if finish_group is not None:
+            if left == 0:  # the whole group, judged as one, then reported in one go (no await in between)
+                group = await _finish(finish_group, TrajectoryGroup(tuple(finished)))
+                for i, t in enumerate(group):
+                    emit(EpisodeDone(t, group if i == len(group) - 1 else None))
+            return
         for i, t in enumerate(trajs):
             last = left == 0 and i == len(trajs) - 1
             emit(EpisodeDone(t, TrajectoryGroup(tuple(finished)) if last else None))
@@ -199,6 +259,7 @@ async def run_groups(
     group_size: int,
     meta: TrajectoryMeta | None = None,
     limit: asyncio.Semaphore | None = None,
+    finish_group: GroupHook | None = None,
 ) -> AsyncIterator[EpisodeDone]:
     """Run one group per seed of ``env``, many at once; yield an :class:`EpisodeDone` per finished episode.
 
@@ -207,7 +268,8 @@ async def run_groups(
     episodes busy, plus one waiting in line), so ``seeds`` may be an endless iterator. A ``TemplateError``
     (``on_template_mismatch="raise"``) surfaces at once; closing the iterator early cancels the running
     episodes and closes their envs. The members of a group share ``meta.group_id`` (a new id when empty)
-    and ``task_id`` (:func:`task_id` when empty).
+    and ``task_id`` (:func:`task_id` when empty). ``finish_group`` (a :data:`GroupHook`) sees each complete
+    group before its members are yielded (they then come together, the group's last carrying it).
 
     Example::
 
@@ -227,6 +289,7 @@ async def run_groups(
         meta=meta,
         concurrency=cfg.concurrency,
         limit=limit,
+        finish_group=finish_group,
     )
     async with contextlib.aclosing(events):  # closing this iterator early closes the scheduler now
         async for done in events:
@@ -242,11 +305,14 @@ async def schedule_groups(
     meta: TrajectoryMeta | None,
     concurrency: int,
     limit: asyncio.Semaphore | None = None,
+    finish_group: GroupHook | None = None,
 ) -> AsyncGenerator[EpisodeDone, None]:
     """The one scheduler: ``group_size`` runs of ``episode`` per seed, at most ``concurrency`` at a time (or
     what the shared ``limit`` allows), yielding an :class:`EpisodeDone` per trajectory as its episode ends
     (the group's last carries the group). ``episode`` is a native env episode (:func:`env_episodes`), a
-    gateway session (``agentrl train --agent``) or a Ray worker's episode on its inference servers."""
+    gateway session (``agentrl train --agent``) or a Ray worker's episode on its inference servers. With
+    ``finish_group`` (a :data:`GroupHook`: a group-wise judge) a group's trajectories are held until the
+    group is complete, passed through the hook, and yielded together."""
     _check_group_size(group_size)
     if not isinstance(concurrency, int) or concurrency < 1:
         raise ConfigError(f"concurrency must be a positive int, got {concurrency!r}")
@@ -263,6 +329,7 @@ async def schedule_groups(
                 seed=seed,
                 limit=sem,
                 emit=queue.put_nowait,
+                finish_group=finish_group,
             )
         except asyncio.CancelledError:
             raise

@@ -6,6 +6,10 @@ its judge calls. The rubric comes from ``reward`` (a :class:`~agentrl.rewards.Re
 ``agentrl train --reward.judge-url URL --reward.judge-model NAME`` or ``--reward.rubric FILE`` passes) or is
 given directly (``rubric=``). A judge that fails raises :class:`~agentrl.errors.JudgeError`, so the episode
 is dropped as an infrastructure failure (stop reason ``judge_error``), never rewarded 0.
+
+With ``--reward.relative-judge true --reward.judge-url URL`` the judge scores whole groups instead (the
+trainer's group hook, :class:`~agentrl.rewards.RelativeReward`): the env then asks no judge and returns
+reward 0, and each answer's reward is the term ``relative`` the hook adds once its group is complete.
 """
 
 from __future__ import annotations
@@ -60,8 +64,9 @@ class JudgedEnv(Env):
                     "judged-v0 needs a judge: --reward.judge-url URL --reward.judge-model NAME, "
                     "--reward.rubric FILE, or JudgedEnv(rubric=...)"
                 )
-            rubric = cfg.rubric_for_run()
-        self.rubric, self.system_prompt = rubric, system_prompt
+            rubric = cfg.rubric_for_run() if cfg.per_answer else None  # None: the group judge scores
+        self.rubric: Rubric | None = rubric
+        self.system_prompt = system_prompt
         self.question = ""
 
     async def reset(
@@ -74,6 +79,9 @@ class JudgedEnv(Env):
         return obs, {"question": self.question}
 
     async def step(self, action: Action) -> StepResult:
-        """Score the answer with the rubric; the episode ends after one turn."""
+        """Score the answer with the rubric (0 when only its group is judged); the episode ends after one
+        turn."""
+        if self.rubric is None:
+            return StepResult(reward=0.0, terminated=True)
         result = await self.rubric.score({"question": self.question, "answer": action.text.strip()})
         return StepResult(reward=result.reward, terminated=True, reward_terms=result.terms)

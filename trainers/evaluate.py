@@ -29,7 +29,7 @@ from agentrl.errors import ConfigError
 from agentrl.models import ModelSpec, model_folder, resolve_model
 from agentrl.policies import HFPolicy
 from agentrl.protocols import Policy
-from agentrl.rollout import RolloutConfig, run_groups
+from agentrl.rollout import GroupHook, RolloutConfig, run_groups
 from agentrl.run import RunDir
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "evaluate",
     "evaluate_policy",
     "format_report",
+    "group_hook_of",
     "held_out_env",
     "paired_gain",
     "pass_at_k",
@@ -209,10 +210,12 @@ async def evaluate_policy(
     tasks: int,
     seed: int,
     rollout: RolloutConfig,
+    finish_group: GroupHook | None = None,
 ) -> EvalReport:
     """Sample ``k`` episodes on each of ``tasks`` tasks (seeds ``seed ...``) with ``policy``; the sampling
     seeds derive from ``seed`` (``rollout.seed`` is replaced), so two policies evaluated with the same
-    arguments see the same tasks and the same random numbers."""
+    arguments see the same tasks and the same random numbers. ``finish_group`` judges each task's ``k``
+    episodes together, as in training (``--reward.relative-judge``: :func:`group_hook_of`)."""
     cfg = dataclasses.replace(rollout, seed=seed)
     by_task: dict[str, list[float]] = {}
     term_sums: dict[str, float] = {}
@@ -225,6 +228,7 @@ async def evaluate_policy(
         seeds=range(seed, seed + tasks),
         group_size=k,
         meta=TrajectoryMeta(env_id=env),
+        finish_group=finish_group,
     ):
         t = done.trajectory
         if not t.infra_failure and t.meta.is_last_sample:
@@ -394,8 +398,27 @@ async def evaluate(
     limits: dict[str, Any] = {} if max_total_tokens is None else {"max_total_tokens": max_total_tokens}
     cfg = RolloutConfig(max_turns=max_turns, max_new_tokens=max_new_tokens, temperature=temperature, **limits)
     return await evaluate_policy(
-        policy, renderer, make_env, env=env, split=used_split, k=k, tasks=tasks, seed=seed, rollout=cfg
+        policy,
+        renderer,
+        make_env,
+        env=env,
+        split=used_split,
+        k=k,
+        tasks=tasks,
+        seed=seed,
+        rollout=cfg,
+        finish_group=group_hook_of(env_kwargs),
     )
+
+
+def group_hook_of(env_kwargs: dict[str, Any] | None) -> GroupHook | None:
+    """The group judge of the env's ``reward`` settings (``--reward.relative-judge``), or None."""
+    from agentrl.rewards import RewardConfig
+
+    reward = (env_kwargs or {}).get("reward")
+    if isinstance(reward, dict):
+        reward = RewardConfig(**reward)
+    return reward.group_reward() if isinstance(reward, RewardConfig) else None
 
 
 async def run_held_out(
@@ -425,6 +448,7 @@ async def run_held_out(
         tasks=config.tasks,
         seed=config.seed,
         rollout=rollout,
+        finish_group=group_hook_of(env_kwargs),
     )
     took = time.perf_counter() - t0
     path.write_text(json.dumps({"label": label, "seconds": took, "report": config_to_dict(report)}) + "\n")

@@ -19,6 +19,7 @@ from agentrl.staleness import StepOutcome
 from agentrl.trainers import train_setup
 from agentrl.trainers.evaluate import EvalReport, run_held_out
 from agentrl.trainers.learner_core import LearnerCore
+from agentrl.trainers.runtime import group_hook
 from agentrl.trainers.train_setup import TrainConfig
 from agentrl.types import TrajectoryMeta
 
@@ -49,6 +50,8 @@ class LocalRuntime:
         self._start = start_step
         self.limit = asyncio.Semaphore(cfg.rollout.concurrency)
         """The episode limit (``--rollout.concurrency``) shared by every group of every step in flight."""
+        self.finish_group = group_hook(cfg)
+        """What judges each complete group before it is stored (``--reward.relative-judge``), or None."""
 
     @property
     def start_step(self) -> int:
@@ -79,6 +82,7 @@ class LocalRuntime:
             group_size=group_size,
             meta=meta,
             limit=self.limit,
+            finish_group=self.finish_group,
         )
 
     async def update(self, step: int, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:

@@ -25,16 +25,41 @@ directory.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from agentrl.errors import ConfigError
 from agentrl.groups import TrajectoryGroup
-from agentrl.rollout import EpisodeDone
+from agentrl.rollout import EpisodeDone, GroupHook
 from agentrl.run import RunDir
 from agentrl.staleness import StepOutcome
 from agentrl.trainers.evaluate import EvalReport
 from agentrl.types import TrajectoryMeta
 
-__all__ = ["TrainRuntime"]
+if TYPE_CHECKING:
+    from agentrl.trainers.train_setup import TrainConfig
+
+__all__ = ["TrainRuntime", "group_hook"]
+
+
+def group_hook(cfg: TrainConfig) -> GroupHook | None:
+    """The ``finish_group`` hook both runtimes give the scheduler: ``--reward.relative-judge``'s group judge
+    (:meth:`agentrl.rewards.RewardConfig.group_reward`, on the reward settings and judge cache the env
+    gets), else None.
+
+    Raises:
+        ConfigError: a group judge with ``--agent`` (the agent computes its own reward, outside any env).
+    """
+    if not cfg.reward.relative_judge:
+        return None
+    if cfg.agent is not None:
+        raise ConfigError(
+            "--reward.relative-judge judges an env's answers as a group; with --agent the agent computes its "
+            "own reward (drop one of them)"
+        )
+    import agentrl
+    from agentrl.trainers.train_setup import reward_config
+
+    return reward_config(cfg, agentrl.registry.entry_point(cfg.env)).group_reward()
 
 
 @runtime_checkable

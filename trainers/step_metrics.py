@@ -8,6 +8,7 @@ from typing import Any
 
 from agentrl.episode import RolloutConfig
 from agentrl.groups import Episode, episodes_of
+from agentrl.reward_records import JudgeCall
 from agentrl.types import TOKEN_LIMIT_STOPS, StopReason, ToolStatus, Trajectory
 
 __all__ = [
@@ -200,13 +201,20 @@ def reward_term_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         f"reward/term/{k}": sum(x.score for t in trajs for x in t.reward_terms if x.name == k) / n
         for k in names
     }
-    calls = [c for t in trajs for x in t.reward_terms for c in x.judge_calls]
-    sent = [c for c in calls if not c.cached]
+    calls = _calls(trajs)
+    # A group judge's one request is recorded on every member it scored: count it once (same prompt key,
+    # same latency: two separate requests never take the very same time).
+    sent = list({(c.key, c.latency_s): c for c in calls if not c.cached}.values())
     if calls:
         row["judge/calls"] = float(len(sent))
-        row["judge/cached"] = float(len(calls) - len(sent))
+        row["judge/cached"] = float(sum(c.cached for c in calls))
         row["judge/latency_s"] = sum(c.latency_s for c in sent) / len(sent) if sent else 0.0
     return row
+
+
+def _calls(trajs: Sequence[Trajectory]) -> list[JudgeCall]:
+    """Every judge call recorded on ``trajs``' reward terms, a group judge's shared one once per member."""
+    return [c for t in trajs for x in t.reward_terms for c in x.judge_calls]
 
 
 def _merge(samples: Episode) -> Trajectory:

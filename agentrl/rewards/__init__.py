@@ -9,7 +9,9 @@
 * :class:`Rubric` is weighted :class:`Criterion` s, each a function or a judge; its result is the reward and
   one :class:`~agentrl.reward_records.RewardTerm` per criterion, which an env returns as
   ``StepResult(reward=..., reward_terms=...)`` so each term is recorded and logged as ``reward/<name>``.
-* :class:`RelativeJudge` scores the answers of a group together (RULER-style).
+* :class:`RelativeJudge` scores the answers of a group together (RULER-style); :class:`RelativeReward` is it
+  as the scheduler's ``finish_group`` hook (``--reward.relative-judge``): each complete group is judged
+  before it is stored and credited.
 
 docs/rewards.md walks through them.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 from .config import RewardConfig
 from .grade import Grade
+from .group import RelativeReward
 from .judge import (
     OUTPUT_PARSERS,
     Judge,
@@ -41,6 +44,7 @@ __all__ = [
     "OpenAIJudgeBackend",
     "PolicyJudgeBackend",
     "RelativeJudge",
+    "RelativeReward",
     "RewardConfig",
     "Rubric",
     "RubricResult",

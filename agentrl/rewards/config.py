@@ -5,19 +5,31 @@ FILE``) hands the env ``reward=RewardConfig(...)``; an env that takes a ``reward
 ``judged-v0``, or yours) calls :meth:`RewardConfig.rubric` for the :class:`~agentrl.rewards.Rubric` to score
 with. The rubric is built once per process and config, so every env of the run shares its judges' limits
 and cache. The API key is read from ``AGENTRL_JUDGE_API_KEY`` and never written to ``config.json``.
+
+``--reward.relative-judge true`` judges each complete group's answers together (RULER-style): the trainer
+passes :meth:`RewardConfig.group_reward` (a :class:`~agentrl.rewards.RelativeReward`) to the scheduler as its
+``finish_group`` hook, which adds the term ``relative`` to every judged member before the group is stored.
+With ``--reward.judge-url`` that judge scores only groups (the env asks no per-answer judge: its own
+reward is 0 plus the term); with a rubric file the file's judge also scores each group, next to the
+file's per-answer criteria.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import dataclass
 from typing import Literal
 
 from agentrl.errors import ConfigError
 
+from .group import RelativeReward
 from .judge import Judge, JudgeCache, OpenAIJudgeBackend
-from .rubric import DEFAULT_TEMPLATE, PASS_FAIL_TEMPLATE, Criterion, Rubric
+from .rubric import DEFAULT_TEMPLATE, PASS_FAIL_TEMPLATE, RELATIVE_TEMPLATE, Criterion, RelativeJudge, Rubric
+
+RELATIVE_MAX_TOKENS = 256
+"""The fewest tokens a group judge may write (one ``Answer K: N`` line per member)."""
 
 __all__ = ["RewardConfig"]
 
@@ -54,6 +66,11 @@ class RewardConfig:
     temperature: float = 0.0
     """The judge's sampling temperature (0: as deterministic as the server allows; the agentrl gateway
     needs > 0)."""
+    relative_judge: bool = False
+    """true: the judge scores each complete group's answers together, in one prompt (RULER-style), as the
+    reward term 'relative'; with --reward.judge-url it is then the only judge (no per-answer calls)."""
+    relative_weight: float = 1.0
+    """The weight of the 'relative' term in the reward."""
 
     def __post_init__(self) -> None:
         if self.judge_url is not None and self.rubric is not None:
@@ -64,36 +81,78 @@ class RewardConfig:
             raise ConfigError(
                 "--reward.concurrency, retries, deadline-s and request-timeout-s must be positive"
             )
+        if self.relative_judge and not self.enabled:
+            raise ConfigError(
+                "--reward.relative-judge needs a judge: --reward.judge-url URL or a --reward.rubric file "
+                "with a 'judge' block"
+            )
+        if not math.isfinite(self.relative_weight):
+            raise ConfigError(f"--reward.relative-weight must be a finite number, got {self.relative_weight}")
 
     @property
     def enabled(self) -> bool:
         """Whether a judge or rubric is set."""
         return self.judge_url is not None or self.rubric is not None
 
+    @property
+    def per_answer(self) -> bool:
+        """Whether the env scores each answer with a rubric (False when the judge scores groups only:
+        ``--reward.relative-judge`` with ``--reward.judge-url``)."""
+        return self.enabled and not (self.relative_judge and self.rubric is None)
+
     def rubric_for_run(self) -> Rubric:
         """The rubric these settings describe (built once per process and config).
 
         Raises:
-            ConfigError: nothing is set, or the rubric file is bad.
+            ConfigError: nothing is set, the rubric file is bad, or the judge scores groups only.
         """
+        if self.enabled and not self.per_answer:
+            raise ConfigError(
+                "--reward.relative-judge with --reward.judge-url scores groups only: there is no per-answer "
+                "rubric (check RewardConfig.per_answer)"
+            )
         return _build(self)
+
+    def group_reward(self) -> RelativeReward | None:
+        """The trainer's ``finish_group`` hook for ``--reward.relative-judge`` (None when it is off), built
+        once per process and config, sharing the per-answer judge's cache.
+
+        Raises:
+            ConfigError: the rubric file names no judge.
+        """
+        return _group(self) if self.relative_judge else None
 
 
 @functools.cache
-def _build(cfg: RewardConfig) -> Rubric:
-    cache = JudgeCache(cfg.cache) if cfg.cache else JudgeCache()
+def _cache(cfg: RewardConfig) -> JudgeCache:
+    return JudgeCache(cfg.cache) if cfg.cache else JudgeCache()
+
+
+@functools.cache
+def _group(cfg: RewardConfig) -> RelativeReward:
     if cfg.rubric is not None:
-        return Rubric.from_file(cfg.rubric, cache=cache)
-    if cfg.judge_url is None:
-        raise ConfigError(
-            "no judge: give --reward.judge-url URL (and --reward.judge-model) or --reward.rubric"
-        )
+        judges = _build(cfg).judges
+        if not judges:
+            raise ConfigError(
+                f"--reward.relative-judge: rubric file {cfg.rubric} has no 'judge' block to judge groups with"
+            )
+        judge = judges[0]
+    else:
+        judge = _judge(cfg, DEFAULT_TEMPLATE)
+    judge = judge.replace(
+        template=RELATIVE_TEMPLATE, max_tokens=max(judge.settings.max_tokens, RELATIVE_MAX_TOKENS)
+    )
+    return RelativeReward(RelativeJudge(judge), weight=cfg.relative_weight)
+
+
+def _judge(cfg: RewardConfig, template: str) -> Judge:
+    assert cfg.judge_url is not None
     backend = OpenAIJudgeBackend(
         cfg.judge_url, cfg.judge_model, api_key=os.environ.get("AGENTRL_JUDGE_API_KEY")
     )
-    judge = Judge(
+    return Judge(
         backend,
-        DEFAULT_TEMPLATE if cfg.parser == "score" else PASS_FAIL_TEMPLATE,
+        template,
         parser=cfg.parser,
         max_tokens=cfg.max_tokens,
         temperature=cfg.temperature,
@@ -101,6 +160,18 @@ def _build(cfg: RewardConfig) -> Rubric:
         retries=cfg.retries,
         deadline_s=cfg.deadline_s,
         request_timeout_s=cfg.request_timeout_s,
-        cache=cache,
+        cache=_cache(cfg),
     )
+
+
+@functools.cache
+def _build(cfg: RewardConfig) -> Rubric:
+    cache = _cache(cfg)
+    if cfg.rubric is not None:
+        return Rubric.from_file(cfg.rubric, cache=cache)
+    if cfg.judge_url is None:
+        raise ConfigError(
+            "no judge: give --reward.judge-url URL (and --reward.judge-model) or --reward.rubric"
+        )
+    judge = _judge(cfg, DEFAULT_TEMPLATE if cfg.parser == "score" else PASS_FAIL_TEMPLATE)
     return Rubric([Criterion("judge", 1.0, judge=judge, description=cfg.criterion)])

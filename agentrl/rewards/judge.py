@@ -351,21 +351,27 @@ class Judge:
 
     def with_backend(self, backend: JudgeBackend, cache: JudgeCache | None = None) -> Judge:
         """The same judge (template, parser, limits) asked of another backend (``replay --rescore``)."""
+        return self.replace(backend=backend, cache=cache)
+
+    def replace(self, **changes: Any) -> Judge:
+        """A judge like this one with some constructor arguments changed (``template``, ``max_tokens``,
+        ``backend``, ``cache``, ...); unchanged, it shares this judge's cache."""
         s = self.settings
-        return Judge(
-            backend,
-            self.template,
-            parser=self.parser,
-            parser_name=self.parser_name,
-            system=self.system,
-            max_tokens=s.max_tokens,
-            temperature=s.temperature,
-            concurrency=s.concurrency,
-            retries=s.retries,
-            deadline_s=s.deadline_s,
-            request_timeout_s=s.request_timeout_s,
-            cache=cache,
-        )
+        args: dict[str, Any] = {
+            "backend": self.backend,
+            "template": self.template,
+            "parser": self.parser,
+            "parser_name": self.parser_name,
+            "system": self.system,
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "concurrency": s.concurrency,
+            "retries": s.retries,
+            "deadline_s": s.deadline_s,
+            "request_timeout_s": s.request_timeout_s,
+            "cache": self.cache,
+        }
+        return Judge(**(args | changes))
 
     def render(self, fields: Mapping[str, Any]) -> str:
         """The prompt for ``fields``.

@@ -164,7 +164,7 @@ async def test_invalid_finish_bodies(http, raw, words):
 
 
 async def test_unknown_routes_and_methods(http):
-    err = error_of(await http.post(CHAT, json=body()), 404)
+    err = error_of(await http.post("/v1/responses", json=body()), 404)  # /v1/chat/completions is session-less
     assert "/s/<session_id>/v1" in err["message"]
     error_of(await http.get(f"/s/a{CHAT}"), 405)
     models = (await http.get("/s/a/v1/models")).json()

@@ -23,7 +23,7 @@ from agentrl.rewards import (
     parse_pass_fail,
     parse_score,
 )
-from agentrl.testing import ScriptedPolicy
+from agentrl.testing import MemoryStore, ScriptedPolicy
 from agentrl.trainers.gateway import Gateway, GatewayConfig
 
 TEMPLATE = "Question: {question}\nAnswer: {answer}\nReply 'Score: N' (0-10)."
@@ -54,12 +54,13 @@ class Failing:
         return await self.inner.generate(prompt_ids, sampling)
 
 
-def judge_at(gw: Gateway, **kw) -> Judge:
+def judge_at(gw: Gateway, url: str | None = None, **kw) -> Judge:
+    """A judge asking ``gw`` on its session-less route (``/v1/chat/completions``: nothing recorded)."""
     kw.setdefault("retries", 2)
     kw.setdefault("temperature", 0.01)  # the gateway refuses 0 (it records what the policy samples)
     kw.setdefault("deadline_s", 20.0)
     kw.setdefault("request_timeout_s", kw["deadline_s"])
-    return Judge(OpenAIJudgeBackend(gw.base_url("judge-{uid}"), "judge"), TEMPLATE, **kw)
+    return Judge(OpenAIJudgeBackend(url or f"{gw.url}/v1", "judge"), TEMPLATE, **kw)
 
 
 SAMPLE = {"question": "Describe the sea.", "answer": "Blue and wide."}
@@ -76,7 +77,8 @@ async def test_tiny_model_judge_over_http_records_calls_and_a_cached_rerun_sends
         return min(len(raw), 40) / 40
 
     samples = [{**SAMPLE, "answer": f"Blue and wide, {k}."} for k in range(3)]
-    async with Gateway(policy, renderer, SERVE) as gw:
+    store = MemoryStore()
+    async with Gateway(policy, renderer, SERVE, store=store) as gw:
         cache = tmp_path / "judge_cache.jsonl"
         kw = {"parser": length_score, "parser_name": "length", "max_tokens": 8, "deadline_s": 120.0}
         first = judge_at(gw, **kw, cache=JudgeCache(cache))
@@ -84,7 +86,9 @@ async def test_tiny_model_judge_over_http_records_calls_and_a_cached_rerun_sends
         assert first.requests == 3
         assert all(not c.cached and c.attempts == 1 and c.latency_s > 0 and c.raw for c in calls)
         assert [c.prompt for c in calls] == [TEMPLATE.format(**s) for s in samples]
-        assert all(c.judge == f"judge@{gw.base_url('judge-{uid}')}" for c in calls)
+        assert all(c.judge == f"judge@{gw.url}/v1" for c in calls)
+        # the session-less route keeps no session open and records nothing (a judge is not training data)
+        assert not gw.core.sessions and not store.trajectories
         # a re-run (new judge, new process's view of the same cache file) sends no request
         again = judge_at(gw, **kw, cache=JudgeCache(cache))
         cached = await again.judge_many(samples)
@@ -149,7 +153,7 @@ async def test_a_slow_judge_within_its_limits_is_waited_for(renderer):
 
 async def test_a_wrong_model_endpoint_is_refused_at_once(renderer):
     async with Gateway(scripted(renderer, ["Score: 4"]), renderer, SERVE, auto_sessions=False) as gw:
-        judge = judge_at(gw)
+        judge = judge_at(gw, url=gw.base_url("judge-{uid}"))  # a training gateway: no such session
         with pytest.raises(JudgeError, match="refused the request: HTTP 404"):
             await judge.judge(SAMPLE)
         assert judge.requests == 1

@@ -310,6 +310,9 @@ class RolloutWorker:
         """``--agent``: the worker's :class:`~agentrl.trainers.gateway.agent_rollout.AgentRunner`, its gateway
         in front of the inference servers (started on the first group)."""
         self._limit = asyncio.Semaphore(cfg.rollout.concurrency)
+        from agentrl.trainers.runtime import group_hook
+
+        self._finish_group = group_hook(cfg)  # --reward.relative-judge: each group judged here, as locally
 
     async def _env_factory(self) -> Callable[[], Any]:
         if self._make_env is None:
@@ -382,6 +385,7 @@ class RolloutWorker:
             meta=dataclasses.replace(lease.meta, group_id=lease.group_id),
             concurrency=self.cfg.rollout.concurrency,
             limit=self._limit,
+            finish_group=self._finish_group,
         )
         finished = tuple([done.trajectory async for done in events])
         return GroupResult(lease, finished, self.name)

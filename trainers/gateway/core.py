@@ -190,6 +190,18 @@ class GatewayCore:
         )
         return req.stream, req.include_usage, body_out
 
+    async def complete(self, body: Any) -> tuple[bool, bool, dict[str, Any]]:
+        """Answer one chat-completions request outside any session (``POST /v1/chat/completions``): sampled
+        as a session's first turn would be, then forgotten. Nothing is recorded and no session stays open,
+        so a judge or any one-off caller does not grow the open sessions. Same returns and errors as
+        :meth:`chat`."""
+        sid = self.open_session(session_id=f"stateless-{uuid.uuid4().hex}")
+        try:
+            return await self.chat(sid, body)
+        finally:
+            for held in (self.sessions, self._apis, self._seen, self.stored):
+                held.pop(sid, None)
+
     async def responses(self, sid: str, body: Any) -> tuple[bool, dict[str, Any]]:
         """Answer one Responses-API request of session ``sid``: ``(stream, response object)``.
 

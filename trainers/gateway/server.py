@@ -9,6 +9,7 @@ Routes (``<sid>`` is the session id)::
     GET  /s/<sid>/v1/models             the one model served (Anthropic's form with anthropic-version)
     POST /s/<sid>/finish                {"reward": float, "info": {...}}: record the session, close it
     GET  /health                        {"ok": true, "open_sessions": n}
+    POST /v1/chat/completions           one answer outside any session, never recorded (a judge's call)
 
 Every error is an OpenAI-style JSON body with a 4xx/5xx status (Anthropic's shape on its routes). A client
 that disconnects while its turn is being sampled cancels the sampling; the session is left as if the request
@@ -187,13 +188,18 @@ def build_app(core: GatewayCore, *, api_key: str | None = None, log_requests: bo
     """
     in_flight = 0
 
-    async def answer_chat(sid: str, body: Any) -> Answer:
-        stream, include_usage, out = await core.chat(sid, body)
+    def chat_answer(stream: bool, include_usage: bool, out: dict[str, Any]) -> Answer:
         chunks = lambda: [  # noqa: E731
             *(f"data: {json.dumps(c)}\n\n" for c in stream_chunks(out, include_usage=include_usage)),
             "data: [DONE]\n\n",
         ]
         return stream, out, chunks
+
+    async def answer_chat(sid: str, body: Any) -> Answer:
+        return chat_answer(*await core.chat(sid, body))
+
+    async def answer_stateless(sid: str, body: Any) -> Answer:
+        return chat_answer(*await core.complete(body))  # no session: a judge's one-off call
 
     async def answer_responses(sid: str, body: Any) -> Answer:
         stream, out = await core.responses(sid, body)
@@ -208,7 +214,7 @@ def build_app(core: GatewayCore, *, api_key: str | None = None, log_requests: bo
             nonlocal in_flight
             if (denied := _unauthorized(request, api_key)) is not None:
                 return denied
-            sid = request.path_params["sid"]
+            sid = request.path_params.get("sid", "-")  # "-": the session-less route
             t0, others = time.perf_counter(), in_flight
             in_flight += 1
             try:
@@ -324,6 +330,7 @@ def build_app(core: GatewayCore, *, api_key: str | None = None, log_requests: bo
             Route("/s/{sid}/v1/models", models, methods=["GET"]),
             Route("/s/{sid}/finish", finish, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
+            Route("/v1/chat/completions", turn_route(CHAT_API, answer_stateless), methods=["POST"]),
         ],
         exception_handlers={404: not_found, 405: not_found},
     )

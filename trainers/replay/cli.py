@@ -41,7 +41,7 @@ from agentrl.trainers.replay.reexec import (
     areexec_many,
     reexec_status,
 )
-from agentrl.trainers.replay.rejudge import add_rejudge_arguments, rejudge_env_kwargs
+from agentrl.trainers.replay.rejudge import add_group_terms, add_rejudge_arguments, rejudge_env_kwargs
 from agentrl.trainers.replay.reproduce import reproduce_step
 from agentrl.trainers.replay.text import print_recompute, print_step
 from agentrl.trainers.replay.weights import find_tokenizer, train_config
@@ -482,6 +482,7 @@ def run(ns: argparse.Namespace) -> int:
             rc = 1 if rc == 1 else reexec_status(rex)
         if ns.rescore:
             resc = [RescoreReport.from_reexec(r, t) for r, t in zip(rex, trajs, strict=True)]
+            resc = add_group_terms(resc, trajs, rn.trajectories, env_kwargs)  # --reward.relative-judge
             out["rescore"] = _jsonable(resc)
             emit.append(lambda: _print_rescore(resc))
             if any(not r.matches and not r.not_reexecutable for r in resc):
