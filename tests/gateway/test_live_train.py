@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
 from pathlib import Path
 
 import anthropic
@@ -36,6 +37,7 @@ from agentrl.trainers.train_setup import TrainConfig
 from agentrl.types import TrajectoryMeta
 
 from .helpers import START, scripted
+from .test_cli import AGENTRL, wait_for_url
 
 
 async def test_live_groups_form_by_task_and_hand_unrewarded_sessions_on_alone(renderer, tmp_path):
@@ -181,3 +183,60 @@ async def test_outside_sessions_with_delayed_rewards_train(tmp_path: Path, rende
     for t in trained:
         audit_trajectory(t, renderer)
     assert (out / "checkpoints").is_dir()
+
+
+@pytest.mark.slow
+def test_the_gateway_command_trains_on_outside_sessions(tmp_path):
+    """``agentrl gateway --train true``: two outside sessions of one task (one rewarded after it ended) are
+    one step's group; the run ends after --steps and ``agentrl replay --check`` audits what it trained on."""
+    out = tmp_path / "live"
+    proc = subprocess.Popen(
+        [
+            *AGENTRL,
+            "gateway",
+            "--train",
+            "true",
+            "--model",
+            "tiny",
+            "--out",
+            str(out),
+            "--port",
+            "0",
+            "--steps",
+            "1",
+            "--group-size",
+            "2",
+            "--groups-per-step",
+            "1",
+            "--max-staleness",
+            "1",
+            "--rollout.max-new-tokens",
+            "8",
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = wait_for_url(proc)
+        for sid in ("first", "second"):
+            with openai.OpenAI(base_url=f"{url}/s/{sid}/v1", api_key="k", max_retries=0) as client:
+                client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
+        assert httpx.post(f"{url}/s/first/finish", json={"reward": 1.0, "info": {"task_id": "hi"}}).is_success
+        assert httpx.post(f"{url}/s/second/finish", json={"info": {"task_id": "hi"}}).is_success
+        assert httpx.post(f"{url}/s/second/reward", json={"reward": 0.0}).is_success
+        stdout, stderr = proc.communicate(timeout=300)  # one step, then it stops by itself
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert f"done: {out}" in stdout
+    (row,) = [json.loads(line) for line in (out / LEDGER_FILE).read_text().splitlines()]
+    assert (row["step"], sorted(row["sessions"]), row["trained"]) == (0, ["first", "second"], True)
+    assert [r["step"] for r in read_metrics(out)] == [0]
+    check = subprocess.run(
+        [*AGENTRL, "replay", str(out), "--check"], capture_output=True, text=True, timeout=300
+    )
+    assert check.returncode == 0 and "2 of 2 trajectories consistent" in check.stdout, check.stdout

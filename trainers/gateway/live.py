@@ -260,10 +260,12 @@ def live_source(serve: ServeConfig, api_key: str | None, run_dir: Path) -> Sourc
                 on_session=live.add,
             ) as gw:
                 print(
-                    f"agentrl gateway --train: sessions at {gw.url}/s/<session_id>/v1; end each with POST "
-                    f'{gw.url}/s/<session_id>/finish {{"reward": r, "info": {{"task_id": ...}}}} (or '
-                    f"without reward, then POST .../reward within {serve.reward_deadline:g} s); a group is "
-                    f"{cfg.group_size} rewarded sessions of one task_id",
+                    f"agentrl gateway --train: {cfg.model} at {gw.url}; agents use base_url "
+                    f"{gw.url}/s/<session_id>/v1 and end each session with POST "
+                    f"{gw.url}/s/<session_id>/finish "
+                    '{"reward": r, "info": {"task_id": ...}} (or without the reward, then POST .../reward '
+                    f"within {serve.reward_deadline:g} s); a group is {cfg.group_size} rewarded sessions of "
+                    "one task_id",
                     flush=True,
                 )
                 yield live
