@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-from collections.abc import AsyncIterator, Iterable, Sequence
-from typing import Any, cast
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from agentrl.groups import TrajectoryGroup
 from agentrl.heap import return_freed_memory, trim_heap  # the first re-exported, for pg.py
@@ -23,7 +23,19 @@ from agentrl.trainers.runtime import group_hook
 from agentrl.trainers.train_setup import TrainConfig
 from agentrl.types import TrajectoryMeta
 
-__all__ = ["LocalRuntime", "local_runtime", "return_freed_memory"]
+if TYPE_CHECKING:
+    from agentrl.chat import ChatRenderer
+    from agentrl.trainers.gateway.agent_rollout import EpisodeSource
+
+__all__ = ["LocalRuntime", "SourceFactory", "local_runtime", "return_freed_memory"]
+
+SourceFactory = Callable[
+    [TrainConfig, UpdatablePolicy, "ChatRenderer"],
+    contextlib.AbstractAsyncContextManager["EpisodeSource | None"],
+]
+"""Opens the episode source of a run that runs no env: ``train --agent``'s (the default,
+:func:`agentrl.trainers.gateway.agent_rollout.agent_runner`, None without --agent) or ``gateway
+--train``'s."""
 
 
 class LocalRuntime:
@@ -37,7 +49,7 @@ class LocalRuntime:
         run: RunDir,
         *,
         pool: Any,
-        agent: Any,
+        agent: EpisodeSource | None,
         core: LearnerCore,
         policy: UpdatablePolicy,
         start_step: int,
@@ -120,8 +132,11 @@ class LocalRuntime:
     async def publish(self, version: int, outcome: StepOutcome) -> None:
         """The learner's weights to the sampler; with LoRA, the sampler's served adapter is then checked
         against the learner's and recorded (:func:`agentrl.lora_sync.verify_served`). The step's outcome is
-        in trajectories.jsonl and metrics.jsonl already: this runtime keeps no ledger."""
+        in trajectories.jsonl and metrics.jsonl already: this runtime keeps no ledger (an episode source may:
+        it is handed the outcome)."""
         await self.policy.load_weights(WeightUpdate(version, self.core.state_to_publish()))
+        if self.agent is not None:
+            self.agent.record(outcome)
         if self.core.adapted is not None:
             await verify_served(self.run, self.policy, self.core.model, version)
 
@@ -137,11 +152,17 @@ class LocalRuntime:
 
 @contextlib.asynccontextmanager
 async def local_runtime(
-    cfg: TrainConfig, run: RunDir, *, sampler: UpdatablePolicy | None = None
+    cfg: TrainConfig,
+    run: RunDir,
+    *,
+    sampler: UpdatablePolicy | None = None,
+    source: SourceFactory | None = None,
 ) -> AsyncIterator[LocalRuntime]:
     """Load the model (and a resumed run's checkpoint), build the learner, sampler, sandbox pool and (with
     --agent) the gateway; close them on exit. ``sampler`` replaces the policy the config would build (tests,
-    custom backends); it gets the learner's weights through ``load_weights`` after each step."""
+    custom backends); it gets the learner's weights through ``load_weights`` after each step. ``source``
+    replaces where episodes come from (``gateway --train``: sessions from outside; no env and no sandbox
+    pool are built then)."""
     from agentrl.sandbox import rollout_pool
     from agentrl.trainers.gateway.agent_rollout import agent_runner
 
@@ -171,8 +192,12 @@ async def local_runtime(
         await train_setup.publish_weights(policy, core.model, start)
     if core.adapted is not None:
         await verify_served(run, policy, core.model, start)  # what the first episodes sample with
-    pool = rollout_pool(cfg.rollout.concurrency) if train_setup.needs_sandbox(cfg) else None
-    async with pool or contextlib.nullcontext(), agent_runner(cfg, policy, core.renderer) as agent:
+    sandboxed = source is None and train_setup.needs_sandbox(cfg)
+    pool = rollout_pool(cfg.rollout.concurrency) if sandboxed else None
+    async with (
+        pool or contextlib.nullcontext(),
+        (source or agent_runner)(cfg, policy, core.renderer) as agent,
+    ):
         yield LocalRuntime(
             cfg,
             run,

@@ -78,6 +78,7 @@ T = TypeVar("T")
 INFRA_DROP = "every episode failed for infrastructure reasons"
 STRAGGLER_DROP = "not finished when its step trained (--on-stale drop)"
 STALE_DROP = "finished over the staleness bound (--max-staleness)"
+UNREWARDED_DROP = "never rewarded: its session ended without a reward and none came before --reward-deadline"
 
 
 @dataclass
@@ -343,13 +344,20 @@ def judge(taken: Taken, draws: StepDraws) -> tuple[list[TrajectoryGroup], list[i
         verdict = group_verdict(g)
         u = g.usable()
         if u is None:
-            dropped.append(DroppedGroup(seed, INFRA_DROP))
+            dropped.append(DroppedGroup(seed, UNREWARDED_DROP if _unrewarded(g) else INFRA_DROP))
         elif not draws.keep(verdict):
             dropped.append(DroppedGroup(seed, f"filtered by dynamic sampling: {verdict.value}"))
         else:
             usable.append(u)
             trained.append(seed)
     return usable, trained, dropped
+
+
+def _unrewarded(g: TrajectoryGroup) -> bool:
+    """Every member is a gateway session whose reward never came (``gateway --train``)."""
+    from agentrl.trainers.gateway.core import REWARD_MISSING
+
+    return all(any(e.kind == REWARD_MISSING for e in t.errors) for t in g)
 
 
 async def run_steps(s: Session, after_step: Callable[[int], Awaitable[None]]) -> int:

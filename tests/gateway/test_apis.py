@@ -90,7 +90,7 @@ async def test_a_session_speaks_one_api(renderer):
             "input[0].content[0].type",
         ),
         ({"n": 2}, "n"),
-        ({"include": ["reasoning.encrypted_content"]}, "include"),
+        ({"include": ["reasoning.encrypted_content", "message.output_text.logprobs"]}, "include"),
         ({"reasoning": {"summary": "auto"}}, "reasoning"),
         ({"parallel_tool_calls": False}, "parallel_tool_calls"),
         ({"text": {"format": {"type": "json_object"}}}, "text.format"),

@@ -37,6 +37,7 @@ from agentrl.errors import ConfigError
 from agentrl.loading import load_object
 from agentrl.protocols import Policy
 from agentrl.rollout import EpisodeDone, EpisodeFn, schedule_groups, task_id
+from agentrl.staleness import StepOutcome
 from agentrl.types import Trajectory, TrajectoryMeta
 
 from .server import Gateway
@@ -50,6 +51,7 @@ __all__ = [
     "AgentRunner",
     "AgentTask",
     "EnvTasks",
+    "EpisodeSource",
     "JsonlTasks",
     "TaskSource",
     "agent_runner",
@@ -201,6 +203,26 @@ def task_source(env: str, env_kwargs: Mapping[str, Any] | None = None) -> TaskSo
 
 
 # -------------------------------------------------------------------------------------------------
+class EpisodeSource(Protocol):
+    """Where the local runtime's episodes come from when no env runs them: ``train --agent``'s
+    :class:`AgentRunner` or ``gateway --train``'s :class:`~agentrl.trainers.gateway.live.LiveGroups`."""
+
+    def run_groups(
+        self,
+        *,
+        seeds: Iterable[int],
+        group_size: int,
+        meta: TrajectoryMeta | None = None,
+        limit: asyncio.Semaphore | None = None,
+    ) -> AsyncIterator[EpisodeDone]:
+        """One group per lease seed, each episode reported as it finishes (the last carries the group)."""
+        ...
+
+    def record(self, outcome: StepOutcome) -> None:
+        """The loop's outcome of a step (groups trained, dropped and why), as the runtime publishes it."""
+        ...
+
+
 class AgentRunner:
     """Runs an agent against a gateway: ``group_size`` sessions per task, each recorded as trajectories.
 
@@ -240,6 +262,10 @@ class AgentRunner:
         if core.finished(sid):
             return core.take_result(sid)
         return await core.finish(sid, float(reward))
+
+    def record(self, outcome: StepOutcome) -> None:
+        """Nothing to add: an agent run's groups are the loop's own tasks, and their outcome is in
+        trajectories.jsonl and metrics.jsonl already."""
 
     def episodes(self, group_size: int) -> EpisodeFn:
         """What runs one agent episode for the scheduler (:func:`agentrl.rollout.schedule_groups`): a gateway

@@ -9,6 +9,13 @@ With --api-key KEY (or AGENTRL_GATEWAY_API_KEY in the environment) every request
 ``Authorization: Bearer KEY`` (the openai client's api_key), else 401; without a key any is accepted, and a
 --host other than a loopback address is refused unless --allow-unauthenticated true is given. One line per
 request (session, tokens, finish reason, latency, requests in flight) goes to stderr.
+
+A finish without a reward ends the session; its reward is posted later with ``POST /s/<session_id>/reward``
+and ``{"reward": float}``, within --reward-deadline seconds (else it is recorded as never rewarded).
+
+With --train the gateway serves the trainer's sampler and trains on the sessions that arrive (live training):
+a group is --group-size rewarded sessions of one ``info.task_id``; every ``agentrl train`` setting applies
+(--steps, --groups-per-step, --max-staleness >= 1, --rollout.*, --learner.*, ...). See docs/gateway.md.
 """
 
 from __future__ import annotations
@@ -64,6 +71,13 @@ class ServeConfig(GatewayConfig):
     on, never scored 0); later requests to it get a 409. Default: sessions stay open until finished."""
     log_requests: bool = True
     """Print one line per request to stderr (session, tokens, finish reason, latency, requests in flight)."""
+    reward_deadline: float = 600.0
+    """Seconds after a session ended without a reward (a finish without one) during which POST
+    /s/<session_id>/reward may post it; later it is recorded as never rewarded (never trained on)."""
+    train: bool = False
+    """Live training: serve the trainer's sampler and train on the sessions that arrive, with agentrl train's
+    settings (--steps, --group-size, --max-staleness >= 1, ...); a group is --group-size rewarded sessions of
+    one info.task_id."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -71,28 +85,68 @@ class ServeConfig(GatewayConfig):
             raise ConfigError("--out DIR is required: the folder that receives trajectories.jsonl")
         if self.session_timeout is not None and not self.session_timeout > 0:
             raise ConfigError(f"--session-timeout must be > 0 seconds, got {self.session_timeout!r}")
+        if not self.reward_deadline > 0:
+            raise ConfigError(f"--reward-deadline must be > 0 seconds, got {self.reward_deadline!r}")
         if not isinstance(self.port, int) or not 0 <= self.port < 65536:
             raise ConfigError(f"--port must be in [0, 65535], got {self.port!r}")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``gateway`` subcommand to ``agentrl``'s subparsers."""
+    from agentrl.trainers.train_setup import TrainConfig
+
     p: argparse.ArgumentParser = subparsers.add_parser(
         "gateway",
         help="serve a model behind an OpenAI-compatible API that records agents' sessions as trajectories",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        conflict_handler="resolve",  # --model, --out, --seed, --device, --dtype: one flag, both configs
     )
     add_config_arguments(p, ServeConfig)
+    add_config_arguments(p, TrainConfig)  # with --train (live training); refused without it
     return p
+
+
+_SERVE_FLAGS = frozenset(f.name for f in dataclasses.fields(ServeConfig))
 
 
 def run(ns: argparse.Namespace) -> int:
     """Run the ``gateway`` subcommand; returns the exit status."""
     cfg = config_from_args(ServeConfig, ns)
+    given = {k for k in vars(ns) if k != "command"}
+    if cfg.train:
+        from agentrl.trainers.train_setup import TrainConfig
+
+        from .live import live_train_config, train_live
+        from .server import check_exposure
+
+        api_key = cfg.api_key or os.environ.get(API_KEY_ENV) or None
+        check_exposure(cfg.host, api_key, allow_unauthenticated=cfg.allow_unauthenticated)  # before loading
+        train = live_train_config(cfg, given, config_from_args(TrainConfig, ns, base=_live_defaults()))
+        return train_live(cfg, train, api_key=api_key)
+    training_only = sorted(given - _SERVE_FLAGS)
+    if training_only:
+        flags = ", ".join(f"--{n.replace('_', '-')}" for n in training_only)
+        raise ConfigError(f"{flags}: training settings, which apply only with --train (live training)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     asyncio.run(serve(cfg))
     return 0
+
+
+def _live_defaults() -> Any:
+    """``agentrl train``'s defaults with the gateway's session limits (a harness's sessions are longer than
+    the default env's episodes); --rollout.* overrides them."""
+    from agentrl.trainers.train_setup import TrainConfig
+
+    base = TrainConfig()
+    limits = GatewayConfig()
+    rollout = dataclasses.replace(
+        base.rollout,
+        max_new_tokens=limits.max_new_tokens,
+        max_total_tokens=limits.max_total_tokens,
+        max_turns=limits.max_turns,
+    )
+    return dataclasses.replace(base, rollout=rollout)
 
 
 async def serve(
@@ -139,6 +193,7 @@ async def serve(
             allow_unauthenticated=cfg.allow_unauthenticated,
             log_requests=cfg.log_requests,
             session_timeout=cfg.session_timeout,
+            reward_deadline=cfg.reward_deadline,
         ) as gw:
             auth = "Authorization: Bearer <key> required" if api_key else "no API key (any is accepted)"
             print(

@@ -16,42 +16,40 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from agentrl.chat import ChatRenderer
-from agentrl.errors import PolicyError
+from agentrl.errors import ConfigError, PolicyError
 from agentrl.protocols import FinishReason, Generation, Policy, Sampling, TrajectoryStore
 from agentrl.tools import get_parser
 from agentrl.types import EpisodeFailure, Message, StopReason, Trajectory, TrajectoryMeta
 
-from .session import GatewayConfig, Session
-from .wire import ChatRequest, GatewayError, WireMessage, completion_body, parse_chat_request
+from .session import FinishKind, GatewayConfig, Session, Turn
+from .wire import ChatRequest, GatewayError, WireMessage, completion_body, models_list, parse_chat_request
 from .wire_anthropic import MESSAGES_API, message_body, parse_messages_request
 from .wire_anthropic import new_id as new_message_id
 from .wire_responses import RESPONSES_API, parse_responses_request, response_body
 
-__all__ = ["CHAT_API", "GatewayCore", "Turn"]
+__all__ = ["CHAT_API", "REWARD_MISSING", "GatewayCore", "Turn"]
 
 CHAT_API = "chat.completions"
 """The API name of ``/v1/chat/completions`` requests (see :meth:`GatewayCore.turn`)."""
 
-FinishKind = Literal["stop", "tool_calls", "length"]
+REWARD_MISSING = "RewardMissing"
+"""The failure kind of a session that ended without a reward and got none before the deadline (infra)."""
 
 
 @dataclass(frozen=True, slots=True)
-class Turn:
-    """One answered model turn, before any API shapes it into a response body."""
+class _Awaiting:
+    """A session that ended without its reward (``finish`` without one), until the reward or the deadline."""
 
-    message: Message
-    """The assistant message (parsed content and tool calls)."""
-    finish_reason: FinishKind
-    """``stop`` (end of turn), ``tool_calls`` (end of turn with calls) or ``length`` (cut)."""
-    prompt_tokens: int
-    """The whole context the policy saw."""
-    completion_tokens: int
-    """Tokens sampled."""
+    session: Session
+    info: dict[str, Any]
+    """The ``info`` given when it ended (a later post's ``info`` is merged over it)."""
+    deadline: float
+    """``time.monotonic()`` after which it is recorded as never rewarded."""
 
 
 log = logging.getLogger(__name__)
@@ -69,6 +67,11 @@ class GatewayCore:
         store: Where finished sessions' trajectories are appended (None: only returned to the caller).
         auto_sessions: A request for an unknown session id opens it (standalone use). When False, only
             sessions opened with :meth:`open_session` exist (training), and others get a 404.
+        reward_deadline: A session may end without its reward (:meth:`end`) and take it later
+            (:meth:`reward`) within this many seconds; past that it is recorded as never rewarded (an
+            infrastructure failure, never trained on). None: the reward must come with :meth:`finish`.
+        on_session: Called with each recorded session's trajectories, after the store has them (live
+            training: :class:`~agentrl.trainers.gateway.live.LiveGroups` forms groups from them).
     """
 
     def __init__(
@@ -79,12 +82,22 @@ class GatewayCore:
         *,
         store: TrajectoryStore | None = None,
         auto_sessions: bool = True,
+        reward_deadline: float | None = None,
+        on_session: Callable[[tuple[Trajectory, ...]], None] | None = None,
     ):
+        if reward_deadline is not None and not (
+            isinstance(reward_deadline, int | float)
+            and math.isfinite(reward_deadline)
+            and reward_deadline > 0
+        ):
+            raise ConfigError(f"--reward-deadline must be > 0 seconds, got {reward_deadline!r}")
         self.policy = policy
         self.renderer = renderer
         self.config = config or GatewayConfig()
         self.store = store
         self.auto_sessions = auto_sessions
+        self.reward_deadline = reward_deadline
+        self.on_session = on_session
         self.parser = get_parser(self.config.parser)
         self.tools_in_template = self._tools_in_template()
         self.sessions: dict[str, Session] = {}
@@ -96,8 +109,13 @@ class GatewayCore:
         """Sessions closed for idleness, with the timeout that closed them."""
         self._apis: dict[str, str] = {}
         """The API each session speaks (its first model turn's)."""
-        self.stored: dict[str, dict[str, Any]] = {}
-        """Per session, what each API keeps between requests (the Responses API's stored responses)."""
+        self.stored: dict[str, dict[str, tuple[tuple[WireMessage, ...], dict[str, Any]]]] = {}
+        """Per session, the Responses API's stored responses: id -> (the conversation up to and including
+        it, for ``previous_response_id``; its response object, for ``GET /v1/responses/{id}``)."""
+        self._awaiting: dict[str, _Awaiting] = {}
+        """Sessions that ended without their reward, until it is posted or the deadline passes."""
+        self._unrewarded: set[str] = set()
+        """Sessions recorded as never rewarded (a late reward gets a 409 saying so)."""
         self.created = int(time.time())
 
     def _tools_in_template(self) -> bool:
@@ -139,6 +157,12 @@ class GatewayCore:
                 "was recorded as cancelled (never trained on)",
                 code="session_expired",
             )
+        if sid in self._awaiting:
+            return GatewayError(
+                409,
+                f"session {sid!r} has ended and awaits its reward (POST /s/{sid}/reward)",
+                code="session_finished",
+            )
         return GatewayError(409, f"session {sid!r} is already finished", code="session_finished")
 
     def _session(self, sid: str, *, create: bool) -> Session:
@@ -157,17 +181,7 @@ class GatewayCore:
 
     def models(self) -> dict[str, Any]:
         """The ``GET /v1/models`` body."""
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": self.config.model_name,
-                    "object": "model",
-                    "created": self.created,
-                    "owned_by": "agentrl",
-                }
-            ],
-        }
+        return models_list(self.config.model_name, self.created)
 
     # ------------------------------------------------------------------------------------------
     async def chat(self, sid: str, body: Any) -> tuple[bool, bool, dict[str, Any]]:
@@ -191,10 +205,8 @@ class GatewayCore:
         return req.stream, req.include_usage, body_out
 
     async def complete(self, body: Any) -> tuple[bool, bool, dict[str, Any]]:
-        """Answer one chat-completions request outside any session (``POST /v1/chat/completions``): sampled
-        as a session's first turn would be, then forgotten. Nothing is recorded and no session stays open,
-        so a judge or any one-off caller does not grow the open sessions. Same returns and errors as
-        :meth:`chat`."""
+        """One chat request outside any session (``POST /v1/chat/completions``, judges): sampled as a first
+        turn, then forgotten: nothing recorded, no session left open. Returns and errors as :meth:`chat`."""
         sid = self.open_session(session_id=f"stateless-{uuid.uuid4().hex}")
         try:
             return await self.chat(sid, body)
@@ -220,7 +232,7 @@ class GatewayCore:
                     param="previous_response_id",
                     code="previous_response_not_found",
                 )
-            history = stored[req.previous_response_id]
+            history = stored[req.previous_response_id][0]
         done = await self.turn(sid, req.with_history(history), api=RESPONSES_API)
         rid = f"resp_{uuid.uuid4().hex}"
         out = response_body(
@@ -234,8 +246,24 @@ class GatewayCore:
             completion_tokens=done.completion_tokens,
         )
         if req.store:
-            self.stored.setdefault(sid, {})[rid] = (*history, *req.input, WireMessage.of(done.message))
+            conversation = (*history, *req.input, WireMessage.of(done.message))
+            self.stored.setdefault(sid, {})[rid] = (conversation, out)
         return req.chat.stream, out
+
+    def retrieve_response(self, sid: str, response_id: str) -> dict[str, Any]:
+        """``GET /v1/responses/{id}``: the response object of a stored response of session ``sid`` (made with
+        ``store`` true, in this session, while it is open)."""
+        _check_id(sid)
+        found = self.stored.get(sid, {}).get(response_id)
+        if found is None:
+            raise GatewayError(
+                404,
+                f"no response with id {response_id!r} is stored in session {sid!r} (a response is stored "
+                "when it was made with store true, in the same session, until the session ends)",
+                code="response_not_found",
+                kind="not_found_error",
+            )
+        return found[1]
 
     async def messages(self, sid: str, body: Any) -> tuple[bool, dict[str, Any]]:
         """Answer one Anthropic Messages request of session ``sid``: ``(stream, message object)``."""
@@ -361,12 +389,7 @@ class GatewayCore:
         if not (isinstance(reward, int | float) and not isinstance(reward, bool) and math.isfinite(reward)):
             raise GatewayError(400, f"the reward must be a finite number, got {reward!r}", param="reward")
         s = self._session(sid, create=False)
-        if not wait and s.lock.locked():
-            raise GatewayError(
-                409,
-                f"session {sid!r} has a request in flight; finish it afterwards",
-                code="concurrent_request",
-            )
+        _refuse_in_flight(s, wait)
         async with s.lock:
             if error is not None:
                 s.errors.append(EpisodeFailure(error[0], error[1], s.turns, False))
@@ -403,22 +426,113 @@ class GatewayCore:
     async def _close(self, s: Session, reward: float, info: dict[str, Any]) -> tuple[Trajectory, ...]:
         if s.id in self._finished:
             raise GatewayError(409, f"session {s.id!r} is already finished", code="session_finished")
+        trajs = await self._record(s, reward, info)
+        self._forget(s.id)
+        return trajs
+
+    def _forget(self, sid: str) -> None:
+        """Session ``sid`` takes no more requests (it was recorded, or it awaits its reward)."""
+        self._finished.add(sid)
+        self.sessions.pop(sid, None)
+        self._apis.pop(sid, None)
+        self._seen.pop(sid, None)
+        self.stored.pop(sid, None)
+
+    async def _record(self, s: Session, reward: float, info: dict[str, Any]) -> tuple[Trajectory, ...]:
+        """Build session ``s``'s trajectories with ``reward``, store them and hand them to ``on_session``.
+        Writes first: a failed write raises before anything else changes (the caller keeps the session)."""
+        info = dict(info)
         task_id, group_id = info.pop("task_id", None), info.pop("group_id", None)
         if isinstance(task_id, str) and task_id:
             s.meta = dataclasses.replace(s.meta, task_id=task_id)
         if isinstance(group_id, str) and group_id:
             s.meta = dataclasses.replace(s.meta, group_id=group_id)
         trajs = tuple(s.build(reward, extra=info))
-        # Writes first, bookkeeping after: a failed write leaves the session open to be finished again.
         if self.store is not None:
             for t in trajs:
                 await self.store.append(t)
-        self._finished.add(s.id)
-        self.sessions.pop(s.id, None)
-        self._apis.pop(s.id, None)
-        self._seen.pop(s.id, None)
-        self.stored.pop(s.id, None)
+        if self.on_session is not None:
+            self.on_session(trajs)
         return trajs
+
+    # -- rewards posted after the session ------------------------------------------------------------
+    async def end(self, sid: str, info: Mapping[str, Any] | None = None, *, wait: bool = True) -> float:
+        """End session ``sid`` without its reward: it takes no more requests, and :meth:`reward` may post
+        the reward within ``reward_deadline`` seconds (returned). ``wait`` as in :meth:`finish`."""
+        if self.reward_deadline is None:
+            raise GatewayError(
+                400,
+                "'reward' is required: this gateway records a session when it finishes (start it with "
+                "--reward-deadline SECONDS to post rewards after the session)",
+                param="reward",
+            )
+        s = self._session(sid, create=False)
+        _refuse_in_flight(s, wait)
+        async with s.lock:
+            if sid in self._finished:
+                raise self._finished_error(sid)
+            self._forget(sid)
+            deadline = time.monotonic() + self.reward_deadline
+            self._awaiting[sid] = _Awaiting(s, dict(info or {}), deadline)
+        return self.reward_deadline
+
+    def awaiting_reward(self, sid: str) -> bool:
+        """True while session ``sid`` has ended and waits for its reward."""
+        return sid in self._awaiting
+
+    async def reward(
+        self, sid: str, reward: float, info: Mapping[str, Any] | None = None, *, keep: bool = False
+    ) -> tuple[Trajectory, ...]:
+        """Post the reward of session ``sid`` and record it: a session that ended without its reward
+        (before its deadline; ``info`` is merged over the one given when it ended), or one still open (as
+        :meth:`finish` without waiting). ``keep`` as in :meth:`finish`."""
+        if not (isinstance(reward, int | float) and not isinstance(reward, bool) and math.isfinite(reward)):
+            raise GatewayError(400, f"the reward must be a finite number, got {reward!r}", param="reward")
+        _check_id(sid)
+        waiting = self._awaiting.pop(sid, None)
+        if waiting is None:
+            if sid in self._unrewarded:
+                raise GatewayError(
+                    409,
+                    f"session {sid!r} was recorded as never rewarded: its reward deadline "
+                    f"({self.reward_deadline:g} s after it ended) passed",
+                    code="reward_deadline_passed",
+                )
+            return await self.finish(sid, reward, info, wait=False, keep=keep)
+        try:
+            trajs = await self._record(waiting.session, float(reward), {**waiting.info, **dict(info or {})})
+        except BaseException:
+            self._awaiting[sid] = waiting  # a failed write: the reward may be posted again
+            raise
+        if keep:
+            self._results[sid] = trajs
+        return trajs
+
+    async def expire_rewards(self, *, now: float | None = None, why: str | None = None) -> list[str]:
+        """Record every ended session whose reward deadline passed (all of them with ``why``: the gateway
+        stops) as never rewarded: an infrastructure failure of kind :data:`REWARD_MISSING`, never trained
+        on, never scored 0. Returns their ids."""
+        now = time.monotonic() if now is None else now
+        late = []
+        for sid, w in list(self._awaiting.items()):
+            if why is None and now < w.deadline:
+                continue
+            message = why or (
+                f"no reward was posted within {self.reward_deadline:g} s after the session ended "
+                "(--reward-deadline)"
+            )
+            s = w.session
+            del self._awaiting[sid]
+            s.errors.append(EpisodeFailure(REWARD_MISSING, message, -1, True))
+            try:
+                await self._record(s, 0.0, w.info)
+            except BaseException:
+                s.errors.pop()
+                self._awaiting[sid] = w  # a failed write: try again later
+                raise
+            self._unrewarded.add(sid)
+            late.append(sid)
+        return late
 
     async def expire_idle(self, timeout: float, *, now: float | None = None) -> list[str]:
         """Close every open session without a request for more than ``timeout`` seconds; return their ids.
@@ -449,8 +563,9 @@ class GatewayCore:
         return expired
 
     async def close(self) -> int:
-        """Record every open session that sampled something as cancelled (infra); return how many."""
-        n = 0
+        """Record every open session that sampled something as cancelled (infra), and every session awaiting
+        its reward as never rewarded; return how many were recorded."""
+        n = len(await self.expire_rewards(why="the gateway stopped before the reward was posted"))
         for sid, s in list(self.sessions.items()):
             if s.turns or s.candidates:
                 await self.abort(
@@ -461,6 +576,13 @@ class GatewayCore:
                 self.sessions.pop(sid, None)
                 self._apis.pop(sid, None)
         return n
+
+
+def _refuse_in_flight(s: Session, wait: bool) -> None:
+    if not wait and s.lock.locked():
+        raise GatewayError(
+            409, f"session {s.id!r} has a request in flight; finish it afterwards", code="concurrent_request"
+        )
 
 
 def _check_id(sid: str) -> None:

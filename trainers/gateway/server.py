@@ -7,7 +7,10 @@ Routes (``<sid>`` is the session id)::
     POST /s/<sid>/v1/messages           the same turn in the Anthropic Messages API (wire_anthropic.py)
     POST /s/<sid>/v1/messages/count_tokens  the prompt tokens of a Messages body (no session state)
     GET  /s/<sid>/v1/models             the one model served (Anthropic's form with anthropic-version)
-    POST /s/<sid>/finish                {"reward": float, "info": {...}}: record the session, close it
+    GET  /s/<sid>/v1/responses/<id>     a stored response object of the session (Responses API)
+    POST /s/<sid>/finish                {"reward": float, "info": {...}}: record the session, close it;
+                                        without "reward" (--reward-deadline): end it, the reward comes later
+    POST /s/<sid>/reward                {"reward": float, "info": {...}}: the reward of an ended session
     GET  /health                        {"ok": true, "open_sessions": n}
     POST /v1/chat/completions           one answer outside any session, never recorded (a judge's call)
 
@@ -274,13 +277,39 @@ def build_app(core: GatewayCore, *, api_key: str | None = None, log_requests: bo
             return JSONResponse(models_body(core.config.model_name, core.created))
         return JSONResponse(core.models())
 
+    async def retrieve(request: Request) -> Response:
+        if (denied := _unauthorized(request, api_key)) is not None:
+            return denied
+        sid, rid = request.path_params["sid"], request.path_params["rid"]
+        for param in ("stream", "include", "starting_after"):
+            if param in request.query_params and not (
+                param == "stream" and request.query_params[param] == "false"
+            ):
+                why = "streaming a stored response" if param == "stream" else f"'{param}'"
+                return _error(GatewayError(400, f"{why} is not supported on retrieve", param=param))
+        try:
+            return JSONResponse(core.retrieve_response(sid, rid))
+        except GatewayError as e:
+            return _error(e)
+
     async def finish(request: Request) -> Response:
+        return await record(request, reward_optional=True)
+
+    async def post_reward(request: Request) -> Response:
+        return await record(request, reward_optional=False)
+
+    async def record(request: Request, *, reward_optional: bool) -> Response:
         if (denied := _unauthorized(request, api_key)) is not None:
             return denied
         sid = request.path_params["sid"]
         try:
-            reward, info = parse_finish(await _json_body(request))
-            trajs = await core.finish(sid, reward, info, wait=False, keep=core.store is None)
+            reward, info = parse_finish(await _json_body(request), reward_optional=reward_optional)
+            if reward is None:  # the session ends; its reward is posted later (POST /s/<sid>/reward)
+                deadline = await core.end(sid, info, wait=False)
+                return JSONResponse(
+                    {"session_id": sid, "awaiting_reward": True, "reward_deadline_s": deadline}
+                )
+            trajs = await core.reward(sid, reward, info, keep=core.store is None)
         except GatewayError as e:
             return _error(e)
         except Exception as e:
@@ -328,7 +357,9 @@ def build_app(core: GatewayCore, *, api_key: str | None = None, log_requests: bo
             Route("/s/{sid}/v1/messages", turn_route(MESSAGES_API, answer_messages), methods=["POST"]),
             Route("/s/{sid}/v1/messages/count_tokens", count_tokens, methods=["POST"]),
             Route("/s/{sid}/v1/models", models, methods=["GET"]),
+            Route("/s/{sid}/v1/responses/{rid}", retrieve, methods=["GET"]),
             Route("/s/{sid}/finish", finish, methods=["POST"]),
+            Route("/s/{sid}/reward", post_reward, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
             Route("/v1/chat/completions", turn_route(CHAT_API, answer_stateless), methods=["POST"]),
         ],
@@ -370,6 +401,10 @@ class Gateway:
         log_requests: Print one line per chat request to stderr (see :func:`build_app`).
         session_timeout: Close sessions without a request for this many seconds, recording them as
             cancelled (never trained on); None keeps them until :meth:`finish` or the gateway stops.
+        reward_deadline: A session may end without its reward (``finish`` without one) and take it later
+            (``POST /s/<sid>/reward``, :meth:`reward`) within this many seconds, else it is recorded as never
+            rewarded (never trained on); None: the reward comes with ``finish``.
+        on_session: Called with each recorded session's trajectories (see :class:`GatewayCore`).
     """
 
     def __init__(
@@ -386,6 +421,8 @@ class Gateway:
         allow_unauthenticated: bool = False,
         log_requests: bool = False,
         session_timeout: float | None = None,
+        reward_deadline: float | None = None,
+        on_session: Callable[[tuple[Trajectory, ...]], None] | None = None,
     ):
         if session_timeout is not None and not session_timeout > 0:
             raise ConfigError(f"--session-timeout must be > 0 seconds, got {session_timeout!r}")
@@ -394,7 +431,15 @@ class Gateway:
         if api_key is not None and not api_key:
             raise ConfigError("the gateway's API key is empty; give a non-empty key or none")
         check_exposure(host, api_key, allow_unauthenticated=allow_unauthenticated)
-        self.core = GatewayCore(policy, renderer, config, store=store, auto_sessions=auto_sessions)
+        self.core = GatewayCore(
+            policy,
+            renderer,
+            config,
+            store=store,
+            auto_sessions=auto_sessions,
+            reward_deadline=reward_deadline,
+            on_session=on_session,
+        )
         self.api_key = api_key
         self.log_requests = log_requests
         self.host = host
@@ -427,18 +472,35 @@ class Gateway:
         """Close a session with its reward; return (and store) its trajectories."""
         return await self.core.finish(session_id, reward, info)
 
+    async def end(self, session_id: str, info: dict[str, Any] | None = None) -> float:
+        """End a session without its reward (posted later with :meth:`reward`); return the deadline (s)."""
+        return await self.core.end(session_id, info)
+
+    async def reward(
+        self, session_id: str, reward: float, info: dict[str, Any] | None = None
+    ) -> tuple[Trajectory, ...]:
+        """Post the reward of a session that ended without one (or finish an open one with it)."""
+        return await self.core.reward(session_id, reward, info)
+
     async def abort(self, session_id: str, kind: str, message: str) -> tuple[Trajectory, ...]:
         """Close a session as an infrastructure failure (recorded, never trained on)."""
         return await self.core.abort(session_id, kind, message)
 
-    async def _expire(self, timeout: float) -> None:
-        """Close idle sessions every few seconds (a quarter of the timeout, at most 5 s apart)."""
+    async def _expire(self) -> None:
+        """Close idle sessions and record those whose reward deadline passed, every few seconds (a quarter of
+        the shorter limit, at most 5 s apart)."""
+        timeout, deadline = self.session_timeout, self.core.reward_deadline
         while True:
-            await asyncio.sleep(min(timeout / 4, 5.0))
+            await asyncio.sleep(min(t / 4 for t in (timeout, deadline, 20.0) if t is not None))
             try:
-                for sid in await self.core.expire_idle(timeout):
-                    log.info("session %s expired after %g s without a request", sid, timeout)
-            except Exception:  # a failed store write: the session stays open, try again next time
+                if timeout is not None:
+                    for sid in await self.core.expire_idle(timeout):
+                        log.info("session %s expired after %g s without a request", sid, timeout)
+                for sid in await self.core.expire_rewards():
+                    log.info(
+                        "session %s: no reward posted within %g s; recorded as never rewarded", sid, deadline
+                    )
+            except Exception:  # a failed store write: the session stays, try again next time
                 log.exception("expiring idle sessions failed")
 
     async def __aenter__(self) -> Gateway:
@@ -470,8 +532,8 @@ class Gateway:
                 self._task.result()
                 raise ConfigError(f"the gateway's HTTP server did not start on {self.url}")
             await asyncio.sleep(0.005)
-        if self.session_timeout is not None:
-            self._reaper = asyncio.ensure_future(self._expire(self.session_timeout))
+        if self.session_timeout is not None or self.core.reward_deadline is not None:
+            self._reaper = asyncio.ensure_future(self._expire())
         return self
 
     async def __aexit__(self, *exc: object) -> None:

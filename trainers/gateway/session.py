@@ -56,7 +56,9 @@ from agentrl.types import (
 
 from .wire import ChatRequest, GatewayError, WireMessage
 
-__all__ = ["SEGMENT_ENDS", "GatewayConfig", "Session"]
+__all__ = ["SEGMENT_ENDS", "FinishKind", "GatewayConfig", "Session", "Turn"]
+
+FinishKind = Literal["stop", "tool_calls", "length"]
 
 SEGMENT_ENDS = {
     "finish": "the session's last segment: the agent finished (or the gateway closed) the session",
@@ -573,3 +575,17 @@ def _with_instructions(
         text = "\n\n".join(p for p in (first.content.strip(), instructions) if p)
         return [dataclasses.replace(first, content=text), *messages[1:]]
     return [Message("system", instructions), *messages]
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One answered model turn, before any API shapes it into a response body."""
+
+    message: Message
+    """The assistant message (parsed content and tool calls)."""
+    finish_reason: FinishKind
+    """``stop`` (end of turn), ``tool_calls`` (end of turn with calls) or ``length`` (cut)."""
+    prompt_tokens: int
+    """The whole context the policy saw."""
+    completion_tokens: int
+    """Tokens sampled."""

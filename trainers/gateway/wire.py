@@ -25,6 +25,7 @@ __all__ = [
     "WireCall",
     "WireMessage",
     "completion_body",
+    "models_list",
     "parse_chat_request",
     "parse_finish",
     "stream_chunks",
@@ -373,13 +374,21 @@ def _tool_choice(v: Any) -> Literal["auto", "none"]:
     )
 
 
-def parse_finish(body: Any) -> tuple[float, dict[str, Any]]:
-    """Validate a ``POST /s/<id>/finish`` body: ``{"reward": float, "info": {str: JSON scalar}}``."""
+def parse_finish(body: Any, *, reward_optional: bool = False) -> tuple[float | None, dict[str, Any]]:
+    """Validate a ``POST /s/<id>/finish`` (or ``/reward``) body: ``{"reward": float, "info": {str: JSON
+    scalar}}``. With ``reward_optional`` a body without ``reward`` (or with ``null``) gives ``None``: the
+    session ends and its reward comes later."""
     if not isinstance(body, dict):
         raise _bad('the finish body must be a JSON object like {"reward": 1.0, "info": {}}')
     reward = body.get("reward")
+    if reward is None and reward_optional:
+        return None, _finish_info(body)
     if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
         raise _bad(f"'reward' is required and must be a finite number, got {reward!r}", "reward")
+    return float(reward), _finish_info(body)
+
+
+def _finish_info(body: dict[str, Any]) -> dict[str, Any]:
     info = body.get("info") or {}
     if not isinstance(info, dict):
         raise _bad("'info' must be an object", "info")
@@ -388,7 +397,13 @@ def parse_finish(body: Any) -> tuple[float, dict[str, Any]]:
             isinstance(v, float) and not math.isfinite(v)
         ):
             raise _bad(f"info[{k!r}] must be a JSON scalar (string, number, boolean or null)", "info")
-    return float(reward), dict(info)
+    return dict(info)
+
+
+def models_list(name: str, created: int) -> dict[str, Any]:
+    """The ``GET /v1/models`` body (OpenAI's form): the one model served."""
+    entry = {"id": name, "object": "model", "created": created, "owned_by": "agentrl"}
+    return {"object": "list", "data": [entry]}
 
 
 # -------------------------------------------------------------------------------------------------

@@ -92,8 +92,15 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
             raise _bad(why, key)
     if body.get("n") not in (None, 1):
         raise _bad("n must be 1: the gateway records one conversation per session", "n")
-    if body.get("include"):
-        raise _bad(f"'include' {body['include']!r} is not supported (nothing extra is produced)", "include")
+    include = body.get("include")
+    # Encrypted reasoning of no reasoning items is nothing: the policy's text is all in the message item (a
+    # template's thinking included), so this one is honoured as asked; anything else would be new output.
+    if include and (not isinstance(include, list) or set(include) - {"reasoning.encrypted_content"}):
+        raise _bad(
+            f"'include' {include!r} is not supported (the one value accepted is reasoning.encrypted_content, "
+            "which adds nothing: the policy writes no reasoning items)",
+            "include",
+        )
     if body.get("parallel_tool_calls") is False:
         raise _bad(
             "parallel_tool_calls false cannot be enforced: the policy may write several calls in a turn",
