@@ -66,7 +66,7 @@ from agentrl.trainers.step_metrics import (
     token_limit_warning,
     tool_use_alarm,
 )
-from agentrl.trainers.train_setup import TrainConfig
+from agentrl.trainers.train_config import TrainConfig
 
 if TYPE_CHECKING:
     from agentrl.trainers.task_sampler import TaskSampler
@@ -137,7 +137,7 @@ async def run_group(
 ) -> TrajectoryGroup:
     """One group of step ``step`` from the run's runtime, every trajectory appended to the run's store as it
     finishes (on disk before anything else: a kill -9 loses nothing)."""
-    events = s.runtime.run_groups(step, seeds=(seed,), group_size=s.cfg.group_size, meta=meta)
+    events = s.runtime.run_groups(step, seeds=(seed,), group_size=s.cfg.batch.group_size, meta=meta)
     async for done in events:
         await s.store.append(done.trajectory)  # a plain write: no suspension point
         if done.trajectory.meta.is_last_sample:  # the bar counts episodes, not samples
@@ -225,11 +225,16 @@ class Leases:
 
     def __init__(self, s: Session):
         self.s, cfg = s, s.cfg
-        self.B = cfg.groups_per_step  # a step's first draws; refills (dynamic sampling) are draws B, B + 1...
+        # A step's first draws; refills (dynamic sampling) are draws B, B + 1...
+        self.B = cfg.batch.groups_per_step
         self.adm = Admission(
-            cfg.max_staleness, self.B, on_stale=cfg.on_stale, start_step=s.first_step, end_step=cfg.steps
+            cfg.async_.max_staleness,
+            self.B,
+            on_stale=cfg.async_.on_stale,
+            start_step=s.first_step,
+            end_step=cfg.output.steps,
         )
-        self.reuse = reusable_groups(s.run, cfg.group_size, s.first_step)
+        self.reuse = reusable_groups(s.run, cfg.batch.group_size, s.first_step)
         self.leased: dict[int, InFlight] = {}
         """Lease index -> its record, from the lease until its step takes it."""
         self.steps: dict[int, StepState] = {}
@@ -256,9 +261,10 @@ class Leases:
             elif self.adm.can_lease(version):
                 lease = self.adm.lease(version)
                 if lease.step not in self.steps:
-                    draws = StepDraws.of(self.B, cfg.dynamic_sampling)
+                    draws = StepDraws.of(self.B, cfg.batch.dynamic_sampling)
                     draws.issue(self.B)  # the step's first draws, leased one by one
-                    bar = Progress(cfg.progress, self.B * cfg.group_size, f"step {lease.step} rollout")
+                    size = self.B * cfg.batch.group_size
+                    bar = Progress(cfg.output.progress, size, f"step {lease.step} rollout")
                     self.steps[lease.step] = StepState(draws, bar)
                 self._start(lease)
             else:
@@ -268,7 +274,8 @@ class Leases:
         """Step ``k`` can train: the admission says so and, with --on-stale wait, every draw finished and
         none more is needed (refills included)."""
         st = self.steps.get(k)
-        return self.adm.ready(k) and (self.s.cfg.on_stale == "drop" or (st is not None and st.draws.complete))
+        drop = self.s.cfg.async_.on_stale == "drop"
+        return self.adm.ready(k) and (drop or (st is not None and st.draws.complete))
 
     def take(self, k: int) -> Taken:
         """Step ``k``'s batch (call when :meth:`ready`): its trained groups; its dropped ones cancelled, each
@@ -353,15 +360,16 @@ def judge(taken: Taken, draws: StepDraws) -> tuple[list[TrajectoryGroup], list[i
 
 
 async def run_steps(s: Session, after_step: Callable[[int], Awaitable[None]]) -> int:
-    """Train steps ``s.first_step`` .. ``cfg.steps − 1``; call ``after_step(k)`` after each (checkpointing).
-    Returns the next step to train: ``cfg.steps``, or the step during which a stop was requested."""
+    """Train steps ``s.first_step`` .. ``cfg.output.steps − 1``; call ``after_step(k)`` after each
+    (checkpointing). Returns the next step to train: ``cfg.output.steps``, or the step during which a stop
+    was requested."""
     cfg, runtime = s.cfg, s.runtime
-    overlap = cfg.max_staleness > 0
+    overlap = cfg.async_.max_staleness > 0
     leases = Leases(s)
     k = s.first_step
     t_prev = time.perf_counter()
     try:
-        while k < cfg.steps:
+        while k < cfg.output.steps:
             t_wait = time.perf_counter()
             leases.lease_more()
             while not leases.ready(k) and not leases.failure:
@@ -371,8 +379,8 @@ async def run_steps(s: Session, after_step: Callable[[int], Awaitable[None]]) ->
                 if not leases.running():  # nothing running and nothing may start: this would wait forever
                     raise RuntimeError(
                         f"step {k} cannot get its data: no group is running and none may start (the sampler "
-                        f"serves version {runtime.version}, max staleness {cfg.max_staleness}); the sampler "
-                        "must be at the learner's version"
+                        f"serves version {runtime.version}, max staleness {cfg.async_.max_staleness}); "
+                        "the sampler must be at the learner's version"
                     )
                 leases.wake.clear()
                 if not (await until_stopped(leases.wake.wait(), s.stop))[0]:

@@ -171,7 +171,7 @@ def test_s1_first_step_identical_then_only_the_correction_differs(tmp_path, tok)
         )
     # Without the correction (ρ̄ ≡ 1) the same data from the same checkpoint gives a different step.
     cfg = json.loads((asyn_path := tmp_path / "async1" / "config.json").read_text())
-    cfg["correction"]["mode"] = "off"
+    cfg["async_"]["correction"]["mode"] = "off"
     asyn_path.write_text(json.dumps(cfg))
     k = next(r["step"] for r in stale_steps)
     off = reproduce_step(load_run(asyn), k, tokenizer=tok)
