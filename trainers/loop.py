@@ -157,25 +157,23 @@ def step_row(
     reused: int,
     update: dict[str, float],
     times: dict[str, float],
-    plan: StepPlan | None,
+    plan: StepPlan,
     adm: Admission,
     in_flight: int,
 ) -> dict[str, float]:
-    """A step's line of metrics.jsonl. ``plan`` is given when the run overlaps (S ≥ 1): the ``async/*``
-    keys and ``time/generate_s`` are then added (a synchronous run's lines keep the keys they always had)."""
+    """A step's line of metrics.jsonl. Synchronous and asynchronous runs write the same keys, so that plots
+    and comparisons of the two never branch: in lock step the learner's idle fraction is the rollout's share
+    of the step, and nothing is in flight, dropped or stale (0)."""
     row: dict[str, float] = episode_metrics([t for g in groups for t in g])
     row["episodes/reused"] = float(reused)
     row.update(draw_metrics(draws, groups, usable))
     row.update(update)
     row.update(times)
-    if plan is not None:
-        row["async/learner_idle_frac"] = times["time/rollout_s"] / max(times["time/step_s"], 1e-9)
-        row["async/groups_in_flight"] = float(in_flight)
-        row["async/groups_dropped"] = float(len(plan.dropped))
-        row["async/groups_dropped_total"] = float(adm.dropped_total)
-        row["async/max_staleness_seen"] = float(adm.max_seen)
-    else:
-        row.pop("time/generate_s", None)
+    row["async/learner_idle_frac"] = times["time/rollout_s"] / max(times["time/step_s"], 1e-9)
+    row["async/groups_in_flight"] = float(in_flight)
+    row["async/groups_dropped"] = float(len(plan.dropped))
+    row["async/groups_dropped_total"] = float(adm.dropped_total)
+    row["async/max_staleness_seen"] = float(adm.max_seen)
     return row
 
 
@@ -426,7 +424,7 @@ async def run_steps(s: Session, after_step: Callable[[int], Awaitable[None]]) ->
                 reused=taken.state.reused,
                 update=update,
                 times=times,
-                plan=taken.plan if overlap else None,
+                plan=taken.plan,
                 adm=leases.adm,
                 in_flight=in_flight,
             )
