@@ -27,7 +27,7 @@ import json
 import textwrap
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import cache
@@ -42,6 +42,7 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "field_docs",
+    "flat_keywords",
 ]
 
 C = TypeVar("C")
@@ -53,6 +54,38 @@ FLAT_FLAGS: Mapping[str, Any] = types.MappingProxyType({"agentrl.config": "flat"
 
 def _is_flat(f: dataclasses.Field[Any]) -> bool:
     return bool(f.metadata.get("agentrl.config") == "flat")
+
+
+_T = TypeVar("_T", bound=type)
+
+
+def flat_keywords(cls: _T) -> _T:
+    """Class decorator (above ``@dataclass``): a keyword naming a setting of one of the class's flat nested
+    configs (:data:`FLAT_FLAGS`) sets it there, as the flag does: ``TrainConfig(group_size=2)`` is
+    ``TrainConfig(batch=BatchConfig(group_size=2))``, and with ``batch=`` given too it replaces that one
+    setting of it (what ``dataclasses.replace(cfg, group_size=2)`` needs). Code written before the settings
+    were grouped keeps working; the signature seen by ``inspect`` is kept."""
+    init: Callable[..., None] = cls.__init__  # type: ignore[misc]  # the class's own, not an instance's
+    klass: type = cls
+    own = {f.name for f in dataclasses.fields(klass)}
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs.keys() - own:
+            hints = _hints(klass)
+            for f in dataclasses.fields(klass):
+                if not (f.init and _is_flat(f)):
+                    continue
+                names = {g.name for g in dataclasses.fields(hints[f.name]) if g.init} - own
+                lifted = {k: kwargs.pop(k) for k in names & kwargs.keys()}
+                if lifted:
+                    base = kwargs.get(f.name)
+                    base = _default(f) if base is None else base
+                    kwargs[f.name] = dataclasses.replace(base, **lifted)
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__  # type: ignore[misc]  # the wrapper replaces the generated __init__
+    return cls
 
 
 @cache
@@ -504,7 +537,9 @@ def config_from_dict(cls: type[C], data: Any, *, where: str = "", defaults: C | 
     for f in fields:
         default = getattr(defaults, f.name) if defaults is not None else _default(f)
         if f.name in data:
-            kwargs[f.name] = _from_json(hints[f.name], data[f.name], _join(where, f.name), default)
+            # A flat nested config's settings are named as its parent's own (their flags are).
+            inner = where if _is_flat(f) else _join(where, f.name)
+            kwargs[f.name] = _from_json(hints[f.name], data[f.name], inner, default)
         elif default is not dataclasses.MISSING:
             kwargs[f.name] = default
     try:

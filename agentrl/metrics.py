@@ -145,8 +145,9 @@ def plot_run(
     out = Path(out_dir) if out_dir is not None else RunDir(Path(run_dir)).plots_path
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    is_async = any("async/learner_idle_frac" in r for r in rows)
-    labels = {"time/rollout_s": "time/rollout_s (learner's wait for data)"} if is_async else {}
+    # Synchronous and asynchronous rows have the same keys: no plot branches on which one the run was. In
+    # lock step the learner's wait for data is the whole generation; overlapping, only what was not hidden.
+    labels = {"time/rollout_s": "time/rollout_s (learner's wait for data)"}
     for name, keys in PLOT_GROUPS.items():
         series = {
             k: [(r["step"], r[k]) for r in rows if isinstance(r.get(k), int | float)]

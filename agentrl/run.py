@@ -45,6 +45,7 @@ __all__ = [
     "OPTIMIZER_FILE",
     "PLOTS_DIR",
     "RNG_FILE",
+    "RESOLVED_FILE",
     "SCORES_DIR",
     "TASK_SAMPLER_DIR",
     "TENSORBOARD_DIR",
@@ -60,6 +61,8 @@ C = TypeVar("C")
 
 CONFIG_FILE = "config.json"
 """The trainer's settings, inside a run directory."""
+RESOLVED_FILE = "resolved.json"
+"""What the run's start resolved from its device for settings left to it (the trainer's ``ResolvedRun``)."""
 TRAJECTORIES_FILE = "trajectories.jsonl"
 """Every recorded episode, one JSON line each."""
 METRICS_FILE = "metrics.jsonl"
@@ -155,6 +158,11 @@ class RunDir:
         return self.path / CONFIG_FILE
 
     @property
+    def resolved_path(self) -> Path:
+        """``<run>/resolved.json``."""
+        return self.path / RESOLVED_FILE
+
+    @property
     def trajectories_path(self) -> Path:
         """``<run>/trajectories.jsonl``."""
         return self.path / TRAJECTORIES_FILE
@@ -237,7 +245,7 @@ class RunDir:
         if created:
             shutil.rmtree(self.path, ignore_errors=True)
             return True
-        for f in (self.config_path, self.trajectories_path, self.metrics_path):
+        for f in (self.config_path, self.resolved_path, self.trajectories_path, self.metrics_path):
             f.unlink(missing_ok=True)
         if self.checkpoints_path.is_dir():
             self.checkpoints_path.rmdir()

@@ -147,13 +147,13 @@ def _install(static_ref: str | None, trim: bool = True) -> None:
 
     import agentrl.learner as learner_mod
     import agentrl.policies.hf as hf_mod
+    import agentrl.trainers.factories as factories
     import agentrl.trainers.local as local
-    import agentrl.trainers.train_setup as train_setup
 
     if static_ref is not None:  # the old static-batch policy, to separate the generation path's share
         from generation import static_policy_class  # benchmarks/generation.py
 
-        train_setup.HFPolicy = local.HFPolicy = hf_mod.HFPolicy = static_policy_class(static_ref)
+        factories.HFPolicy = local.HFPolicy = hf_mod.HFPolicy = static_policy_class(static_ref)
     if not trim:  # the trainer as it was before it trimmed the heaps (between phases and micro-batches)
         import agentrl.learner.learner as learner_impl
 
@@ -171,7 +171,7 @@ def _install(static_ref: str | None, trim: bool = True) -> None:
     _wrap(torch.Tensor, "backward", "backward")
 
     # The rollout: from a step's first generate to its policy update.
-    policy_cls = train_setup.HFPolicy
+    policy_cls = factories.HFPolicy
     gen = policy_cls.generate
 
     @functools.wraps(gen)

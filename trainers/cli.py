@@ -7,16 +7,14 @@ import asyncio
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.config import add_config_arguments, config_from_args, config_to_dict
 from agentrl.errors import AgentRLError
-from agentrl.run import RunDir
 
 if TYPE_CHECKING:
     from agentrl.registry import EnvFamily
-    from agentrl.trainers.pg import TrainConfig
+    from agentrl.trainers.train_config import TrainConfig
 
 ENV_HELP = (
     "registered environment id (agentrl envs), family member (reasoning-gym:chain_sum), "
@@ -27,7 +25,7 @@ TRAIN_ALIASES = {"lr": "learner.lr", "temperature": "rollout.temperature"}
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
-    from agentrl.trainers.pg import TrainConfig
+    from agentrl.trainers.train_config import TrainConfig
 
     parser = argparse.ArgumentParser(prog="agentrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -130,17 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _train_config(ns: argparse.Namespace) -> TrainConfig:
-    from agentrl.trainers.pg import TrainConfig
+    from agentrl.trainers.train_config import TrainConfig, saved_config
 
-    resume = getattr(ns, "resume", None)
+    resume = getattr(ns, "output.resume", None)
     if resume is None:
         return config_from_args(TrainConfig, ns)
-    run = RunDir(Path(resume))
-    if not run.exists():
-        raise AgentRLError(f"--resume {resume}: no config.json there; is it a run directory?")
-    # The run's own settings are the base; the flags given now may only change what a resume allows.
-    base = run.read_config(TrainConfig, out=resume, resume=resume)
-    return config_from_args(TrainConfig, ns, base=base)
+    # The run's own settings are the base; the flags given now may only change what a resume allows
+    # (prepare_run checks, with resumed_config).
+    return config_from_args(TrainConfig, ns, base=saved_config(resume))
 
 
 def _env_kwargs(text: str) -> dict[str, Any]:

@@ -35,12 +35,12 @@ from agentrl.lora_sync import adapter_params
 from agentrl.models import resolve_model
 from agentrl.run import RunDir
 from agentrl.scores import save_step_scores
-from agentrl.trainers import train_setup
+from agentrl.trainers import factories
 from agentrl.update import policy_update
 
 if TYPE_CHECKING:
     from agentrl.precision import Precision
-    from agentrl.trainers.train_setup import TrainConfig
+    from agentrl.trainers.train_config import ResolvedRun, TrainConfig
 
 __all__ = ["LearnerCore"]
 
@@ -51,13 +51,19 @@ class LearnerCore:
     :meth:`update`, :meth:`state_to_publish` and :meth:`save` must then run on every rank)."""
 
     def __init__(
-        self, cfg: TrainConfig, *, rank: int = 0, world: int = 1, master: tuple[str, int] | None = None
+        self,
+        cfg: TrainConfig,
+        *,
+        rank: int = 0,
+        world: int = 1,
+        master: tuple[str, int] | None = None,
+        resolved: ResolvedRun | None = None,
     ):
         self.cfg, self.rank, self.world = cfg, rank, world
         torch.manual_seed(cfg.seed)
-        loaded = resolve_model(train_setup.model_spec(cfg))
+        loaded = resolve_model(factories.model_spec(cfg))
         self.device = loaded.device
-        self.precision: Precision = train_setup.precision(cfg, loaded.device)
+        self.precision: Precision = factories.precision(cfg, loaded.device)
         if rank == 0:
             warning = self.precision.warning()
             if warning is not None:
@@ -70,12 +76,13 @@ class LearnerCore:
         self.renderer = ChatRenderer(loaded.tokenizer)
         self.adapted: Adapted | None = None
         """The LoRA adapters when ``--lora.rank`` > 0 (published and checkpointed alone)."""
-        if cfg.lora.enabled:  # adapters in place, before FSDP shards the model: the optimizer holds only them
-            self.adapted = apply_lora(self.model, cfg.lora, name=cfg.model, seed=cfg.seed)
+        lora = cfg.weights.lora
+        if lora.enabled:  # adapters in place, before FSDP shards the model: the optimizer holds only them
+            self.adapted = apply_lora(self.model, lora, name=cfg.model, seed=cfg.seed)
             if rank == 0:
                 base = self.adapted.base.describe()
-                print(f"lora: rank {cfg.lora.rank} on {base}, {adapter_params(self.model)}")
-        self.pad_id = train_setup.tokenizer_pad_id(self.renderer)
+                print(f"lora: rank {lora.rank} on {base}, {adapter_params(self.model)}")
+        self.pad_id = factories.tokenizer_pad_id(self.renderer)
         if world > 1:
             import torch.distributed as dist
 
@@ -87,7 +94,9 @@ class LearnerCore:
             )
             # FSDP2's mixed-precision policy: bf16 compute over fp32 master shards, fp32 gradient reduction.
             self.model = wrap_fsdp(self.model, bf16=self.precision.autocast)
-        self.learner = Learner(self.model, train_setup.learner_config(cfg, self.precision, fsdp=world > 1))
+        # The sizes the run resolved for its device (a resume keeps its run's; None: the config's own).
+        settings = factories.learner_config(cfg, self.precision, resolved, fsdp=world > 1)
+        self.learner = Learner(self.model, settings)
         self.stability = StabilityState()
         """The lr schedule's and the collapse check's state after the last update (checkpointed)."""
         self.run: RunDir | None = None
@@ -133,7 +142,7 @@ class LearnerCore:
             groups,
             estimator=self.cfg.estimator,
             pad_id=self.pad_id,
-            correction=self.cfg.correction,
+            correction=self.cfg.async_.correction,
             learner_version=step,
         )
         if self.world == 1 and self.run is not None:
@@ -178,7 +187,7 @@ class LearnerCore:
                 tokenizer=self.tokenizer,
                 state=state,
                 keep=keep,
-                older=self.cfg.older_checkpoints,
+                older=self.cfg.output.older_checkpoints,
             )
             return
         import torch.distributed as dist
@@ -198,7 +207,7 @@ class LearnerCore:
                 tokenizer=self.tokenizer,
                 state=state,
                 keep=keep,
-                older=self.cfg.older_checkpoints,
+                older=self.cfg.output.older_checkpoints,
             )
         dist.barrier()
 
@@ -226,8 +235,8 @@ class LearnerCore:
         )
 
         plain = _plain_model(self.cfg)
-        if self.cfg.lora.enabled:
-            apply_lora(plain, self.cfg.lora, name=self.cfg.model, seed=self.cfg.seed).load_adapter(
+        if self.cfg.weights.lora.enabled:
+            apply_lora(plain, self.cfg.weights.lora, name=self.cfg.model, seed=self.cfg.seed).load_adapter(
                 ckpt.model_dir
             )
             step = load_checkpoint(ckpt).step
@@ -241,7 +250,7 @@ class LearnerCore:
 
 
 def _plain_model(cfg: TrainConfig) -> Any:
-    return resolve_model(train_setup.model_spec(cfg), tokenizer=False).model
+    return resolve_model(factories.model_spec(cfg), tokenizer=False).model
 
 
 class _Plain:
@@ -250,8 +259,8 @@ class _Plain:
     def __init__(self, cfg: TrainConfig, state: dict[str, Any]):
         self.model = _plain_model(cfg)
         self.saver: Any = self.model
-        if cfg.lora.enabled:
-            self.saver = apply_lora(self.model, cfg.lora, name=cfg.model, seed=cfg.seed)
+        if cfg.weights.lora.enabled:
+            self.saver = apply_lora(self.model, cfg.weights.lora, name=cfg.model, seed=cfg.seed)
         self.model.load_state_dict(state)
 
     def save_pretrained(self, *args: Any, **kwargs: Any) -> None:

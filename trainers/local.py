@@ -16,11 +16,11 @@ from agentrl.protocols import UpdatablePolicy, WeightUpdate
 from agentrl.rollout import EpisodeDone, run_groups
 from agentrl.run import RunDir
 from agentrl.staleness import StepOutcome
-from agentrl.trainers import train_setup
+from agentrl.trainers import factories
 from agentrl.trainers.evaluate import EvalReport, run_held_out
 from agentrl.trainers.learner_core import LearnerCore
 from agentrl.trainers.runtime import group_hook
-from agentrl.trainers.train_setup import TrainConfig
+from agentrl.trainers.train_config import TrainConfig
 from agentrl.types import TrajectoryMeta
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class LocalRuntime:
         self.core = core
         self.policy, self.renderer = policy, core.renderer
         self.pool = pool
-        self.make_env = train_setup.env_factory(cfg, pool) if agent is None else None
+        self.make_env = factories.env_factory(cfg, pool) if agent is None else None
         self._start = start_step
         self.limit = asyncio.Semaphore(cfg.rollout.concurrency)
         """The episode limit (``--rollout.concurrency``) shared by every group of every step in flight."""
@@ -89,7 +89,7 @@ class LocalRuntime:
             self.make_env,
             self.policy,
             self.renderer,
-            train_setup.rollout_config(self.cfg, step),
+            factories.rollout_config(self.cfg, step),
             seeds=seeds,
             group_size=group_size,
             meta=meta,
@@ -100,14 +100,14 @@ class LocalRuntime:
     async def update(self, step: int, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
         """The learner core's update in a worker thread (sampling goes on in this one when it overlaps)."""
         clear = getattr(self.policy, "clear_cache", None)
-        if callable(clear) and self.cfg.max_staleness == 0:
+        if callable(clear) and self.cfg.async_.max_staleness == 0:
             clear()  # the KV of this step's turns is stale once the weights change: free it before learning
         return await asyncio.to_thread(self.core.update, step, groups)
 
     async def held_out(self, label: str) -> EvalReport | None:
         """The held-out evaluation of the current weights (``--eval``), labelled ``untrained``/``trained``;
         None when it is off or with --agent (said once), whose task source may have no test split."""
-        if not self.cfg.eval.tasks:
+        if not self.cfg.output.eval.tasks:
             return None
         if self.agent is not None:
             if label == "untrained":
@@ -117,8 +117,8 @@ class LocalRuntime:
             self.policy,
             self.renderer,
             self.cfg.env,
-            train_setup.env_kwargs(self.cfg, self.pool),
-            self.cfg.eval,
+            factories.env_kwargs(self.cfg, self.pool),
+            self.cfg.output.eval,
             self.cfg.rollout,
             self.run.path,
             label,
@@ -163,25 +163,24 @@ async def local_runtime(
     custom backends); it gets the learner's weights through ``load_weights`` after each step. ``source``
     replaces where episodes come from (``gateway --train``: sessions from outside; no env and no sandbox
     pool are built then)."""
-    from agentrl.sandbox import rollout_pool
     from agentrl.trainers.gateway.agent_rollout import agent_runner
 
-    core = LearnerCore(cfg)
+    core = LearnerCore(cfg, resolved=factories.resolved(cfg, run))
     start = core.load(run)
     if core.resumed_from is not None:
         print(f"resumed {run.path} at step {start} from {core.resumed_from.name}")
     if sampler is not None:
         policy: UpdatablePolicy = sampler
         if policy.version < start:  # a resumed run: the sampler starts from the checkpoint's weights
-            await train_setup.publish_weights(policy, core.model, start)
+            await factories.publish_weights(policy, core.model, start)
     else:
         # The sampler needs weights of its own when it samples in another dtype than the master weights
         # (bf16 on CUDA), and asynchronously (--max-staleness ≥ 1: the learner trains in a thread while
         # episodes sample; new weights are published between turns); otherwise it shares the learner's.
         sampler_model = core.model
-        if cfg.max_staleness > 0 or not core.precision.shares_weights:
+        if cfg.async_.max_staleness > 0 or not core.precision.shares_weights:
             sampler_model = cast(Any, copy.deepcopy(core.model)).to(core.precision.sampler)
-        policy = train_setup.make_policy(
+        policy = factories.make_policy(
             cfg, sampler_model, core.tokenizer, core.renderer, core.device, version=start
         )
     if sampler is None and not isinstance(policy, HFPolicy):
@@ -189,11 +188,10 @@ async def local_runtime(
         connect = getattr(policy, "connect", None)
         if connect is not None:
             await connect()
-        await train_setup.publish_weights(policy, core.model, start)
+        await factories.publish_weights(policy, core.model, start)
     if core.adapted is not None:
         await verify_served(run, policy, core.model, start)  # what the first episodes sample with
-    sandboxed = source is None and train_setup.needs_sandbox(cfg)
-    pool = rollout_pool(cfg.rollout.concurrency) if sandboxed else None
+    pool = factories.sandbox_pool(cfg, cfg.rollout.concurrency) if source is None else None
     async with (
         pool or contextlib.nullcontext(),
         (source or agent_runner)(cfg, policy, core.renderer) as agent,

@@ -66,7 +66,7 @@ from agentrl.trainers.step_metrics import (
     token_limit_warning,
     tool_use_alarm,
 )
-from agentrl.trainers.train_setup import TrainConfig
+from agentrl.trainers.train_config import TrainConfig
 
 if TYPE_CHECKING:
     from agentrl.trainers.task_sampler import TaskSampler
@@ -138,7 +138,7 @@ async def run_group(
 ) -> TrajectoryGroup:
     """One group of step ``step`` from the run's runtime, every trajectory appended to the run's store as it
     finishes (on disk before anything else: a kill -9 loses nothing)."""
-    events = s.runtime.run_groups(step, seeds=(seed,), group_size=s.cfg.group_size, meta=meta)
+    events = s.runtime.run_groups(step, seeds=(seed,), group_size=s.cfg.batch.group_size, meta=meta)
     async for done in events:
         await s.store.append(done.trajectory)  # a plain write: no suspension point
         if done.trajectory.meta.is_last_sample:  # the bar counts episodes, not samples
@@ -158,25 +158,23 @@ def step_row(
     reused: int,
     update: dict[str, float],
     times: dict[str, float],
-    plan: StepPlan | None,
+    plan: StepPlan,
     adm: Admission,
     in_flight: int,
 ) -> dict[str, float]:
-    """A step's line of metrics.jsonl. ``plan`` is given when the run overlaps (S ≥ 1): the ``async/*``
-    keys and ``time/generate_s`` are then added (a synchronous run's lines keep the keys they always had)."""
+    """A step's line of metrics.jsonl. Synchronous and asynchronous runs write the same keys, so that plots
+    and comparisons of the two never branch: in lock step the learner's idle fraction is the rollout's share
+    of the step, and nothing is in flight, dropped or stale (0)."""
     row: dict[str, float] = episode_metrics([t for g in groups for t in g])
     row["episodes/reused"] = float(reused)
     row.update(draw_metrics(draws, groups, usable))
     row.update(update)
     row.update(times)
-    if plan is not None:
-        row["async/learner_idle_frac"] = times["time/rollout_s"] / max(times["time/step_s"], 1e-9)
-        row["async/groups_in_flight"] = float(in_flight)
-        row["async/groups_dropped"] = float(len(plan.dropped))
-        row["async/groups_dropped_total"] = float(adm.dropped_total)
-        row["async/max_staleness_seen"] = float(adm.max_seen)
-    else:
-        row.pop("time/generate_s", None)
+    row["async/learner_idle_frac"] = times["time/rollout_s"] / max(times["time/step_s"], 1e-9)
+    row["async/groups_in_flight"] = float(in_flight)
+    row["async/groups_dropped"] = float(len(plan.dropped))
+    row["async/groups_dropped_total"] = float(adm.dropped_total)
+    row["async/max_staleness_seen"] = float(adm.max_seen)
     return row
 
 
@@ -226,11 +224,16 @@ class Leases:
 
     def __init__(self, s: Session):
         self.s, cfg = s, s.cfg
-        self.B = cfg.groups_per_step  # a step's first draws; refills (dynamic sampling) are draws B, B + 1...
+        # A step's first draws; refills (dynamic sampling) are draws B, B + 1...
+        self.B = cfg.batch.groups_per_step
         self.adm = Admission(
-            cfg.max_staleness, self.B, on_stale=cfg.on_stale, start_step=s.first_step, end_step=cfg.steps
+            cfg.async_.max_staleness,
+            self.B,
+            on_stale=cfg.async_.on_stale,
+            start_step=s.first_step,
+            end_step=cfg.output.steps,
         )
-        self.reuse = reusable_groups(s.run, cfg.group_size, s.first_step)
+        self.reuse = reusable_groups(s.run, cfg.batch.group_size, s.first_step)
         self.leased: dict[int, InFlight] = {}
         """Lease index -> its record, from the lease until its step takes it."""
         self.steps: dict[int, StepState] = {}
@@ -257,9 +260,10 @@ class Leases:
             elif self.adm.can_lease(version):
                 lease = self.adm.lease(version)
                 if lease.step not in self.steps:
-                    draws = StepDraws.of(self.B, cfg.dynamic_sampling)
+                    draws = StepDraws.of(self.B, cfg.batch.dynamic_sampling)
                     draws.issue(self.B)  # the step's first draws, leased one by one
-                    bar = Progress(cfg.progress, self.B * cfg.group_size, f"step {lease.step} rollout")
+                    size = self.B * cfg.batch.group_size
+                    bar = Progress(cfg.output.progress, size, f"step {lease.step} rollout")
                     self.steps[lease.step] = StepState(draws, bar)
                 self._start(lease)
             else:
@@ -269,7 +273,8 @@ class Leases:
         """Step ``k`` can train: the admission says so and, with --on-stale wait, every draw finished and
         none more is needed (refills included)."""
         st = self.steps.get(k)
-        return self.adm.ready(k) and (self.s.cfg.on_stale == "drop" or (st is not None and st.draws.complete))
+        drop = self.s.cfg.async_.on_stale == "drop"
+        return self.adm.ready(k) and (drop or (st is not None and st.draws.complete))
 
     def take(self, k: int) -> Taken:
         """Step ``k``'s batch (call when :meth:`ready`): its trained groups; its dropped ones cancelled, each
@@ -361,15 +366,16 @@ def _unrewarded(g: TrajectoryGroup) -> bool:
 
 
 async def run_steps(s: Session, after_step: Callable[[int], Awaitable[None]]) -> int:
-    """Train steps ``s.first_step`` .. ``cfg.steps − 1``; call ``after_step(k)`` after each (checkpointing).
-    Returns the next step to train: ``cfg.steps``, or the step during which a stop was requested."""
+    """Train steps ``s.first_step`` .. ``cfg.output.steps − 1``; call ``after_step(k)`` after each
+    (checkpointing). Returns the next step to train: ``cfg.output.steps``, or the step during which a stop
+    was requested."""
     cfg, runtime = s.cfg, s.runtime
-    overlap = cfg.max_staleness > 0
+    overlap = cfg.async_.max_staleness > 0
     leases = Leases(s)
     k = s.first_step
     t_prev = time.perf_counter()
     try:
-        while k < cfg.steps:
+        while k < cfg.output.steps:
             t_wait = time.perf_counter()
             leases.lease_more()
             while not leases.ready(k) and not leases.failure:
@@ -379,8 +385,8 @@ async def run_steps(s: Session, after_step: Callable[[int], Awaitable[None]]) ->
                 if not leases.running():  # nothing running and nothing may start: this would wait forever
                     raise RuntimeError(
                         f"step {k} cannot get its data: no group is running and none may start (the sampler "
-                        f"serves version {runtime.version}, max staleness {cfg.max_staleness}); the sampler "
-                        "must be at the learner's version"
+                        f"serves version {runtime.version}, max staleness {cfg.async_.max_staleness}); "
+                        "the sampler must be at the learner's version"
                     )
                 leases.wake.clear()
                 if not (await until_stopped(leases.wake.wait(), s.stop))[0]:
@@ -426,7 +432,7 @@ async def run_steps(s: Session, after_step: Callable[[int], Awaitable[None]]) ->
                 reused=taken.state.reused,
                 update=update,
                 times=times,
-                plan=taken.plan if overlap else None,
+                plan=taken.plan,
                 adm=leases.adm,
                 in_flight=in_flight,
             )

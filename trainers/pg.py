@@ -38,14 +38,15 @@ from agentrl.config import config_to_dict
 from agentrl.metrics import MetricsLogger
 from agentrl.run import RunDir
 from agentrl.trainers.evaluate import EvalReport, write_comparison
+from agentrl.trainers.factories import prepare_run
 from agentrl.trainers.loop import Session, run_steps, until_stopped
 from agentrl.trainers.runtime import TrainRuntime
 from agentrl.trainers.task_sampler import load_sampler_state, save_sampler_state, task_sampler
-from agentrl.trainers.train_setup import TrainConfig, prepare_run
+from agentrl.trainers.train_config import TrainConfig
 
 __all__ = ["RuntimeFactory", "TrainConfig", "open_runtime", "train"]
-"""``TrainConfig`` is the trainer's config (defined in :mod:`agentrl.trainers.train_setup` with the rest of a
-run's setup); the loop itself is :mod:`agentrl.trainers.loop`."""
+"""``TrainConfig`` is the trainer's config (defined in :mod:`agentrl.trainers.train_config`; what a run is
+built from it is :mod:`agentrl.trainers.factories`); the loop itself is :mod:`agentrl.trainers.loop`."""
 
 
 RuntimeFactory = Callable[[TrainConfig, RunDir], contextlib.AbstractAsyncContextManager[TrainRuntime]]
@@ -70,12 +71,13 @@ async def train(cfg: TrainConfig, *, runtime: RuntimeFactory | None = None) -> P
 
     A start that fails before anything is recorded leaves no run directory behind (or, in a directory that
     was already there, none of its files)."""
-    created = cfg.resume is None and (cfg.out is None or not Path(cfg.out).is_dir())
+    out = cfg.output
+    created = out.resume is None and (out.out is None or not Path(out.out).is_dir())
     cfg, run = prepare_run(cfg)
     try:
         return await _train(cfg, run, runtime)
     except BaseException:
-        if cfg.resume is None and run.discard_unstarted(created=created):
+        if cfg.output.resume is None and run.discard_unstarted(created=created):
             print(f"the run recorded nothing; removed {run.path}", file=sys.stderr)
         raise
 
@@ -89,15 +91,16 @@ async def _train(cfg: TrainConfig, run: RunDir, runtime: RuntimeFactory | None) 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    store = JsonlStore(run.trajectories_path, mode="append" if cfg.resume is not None else "new")
-    metrics = MetricsLogger(run_dir, backends=cfg.loggers, config=config_to_dict(cfg))
+    out = cfg.output
+    store = JsonlStore(run.trajectories_path, mode="append" if out.resume is not None else "new")
+    metrics = MetricsLogger(run_dir, backends=out.loggers, config=config_to_dict(cfg))
     try:
         async with (runtime or open_runtime)(cfg, run) as rt:
             start = step = rt.start_step
             metrics.truncate_from(start)
             print(
-                f"agentrl train: {cfg.model} on {cfg.env}, {cfg.estimator}, {cfg.groups_per_step}x"
-                f"{cfg.group_size} episodes/step, steps {start}..{cfg.steps - 1}, run dir {run_dir} "
+                f"agentrl train: {cfg.model} on {cfg.env}, {cfg.estimator}, {cfg.batch.groups_per_step}x"
+                f"{cfg.batch.group_size} episodes/step, steps {start}..{out.steps - 1}, run dir {run_dir} "
                 f"(setup {time.perf_counter() - t0:.1f}s)"
             )
             sampler = task_sampler(cfg)
@@ -106,9 +109,9 @@ async def _train(cfg: TrainConfig, run: RunDir, runtime: RuntimeFactory | None) 
             before = await _held_out(rt, "untrained", stop)
 
             async def after_step(step: int) -> None:
-                if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+                if (step + 1) % out.checkpoint_every == 0 or step + 1 == out.steps:
                     save_sampler_state(run, step + 1, sampler)  # before the checkpoint: it always has one
-                    await rt.save_checkpoint(run, step + 1, keep=cfg.keep_checkpoints)
+                    await rt.save_checkpoint(run, step + 1, keep=out.keep_checkpoints)
 
             step = await run_steps(session, after_step)
             if stop.is_set():
@@ -116,7 +119,7 @@ async def _train(cfg: TrainConfig, run: RunDir, runtime: RuntimeFactory | None) 
                 latest = run.latest_checkpoint()
                 if latest is None or latest.step != step:
                     save_sampler_state(run, step, sampler)
-                    await rt.save_checkpoint(run, step, keep=cfg.keep_checkpoints)
+                    await rt.save_checkpoint(run, step, keep=out.keep_checkpoints)
             if not stop.is_set() and before is not None:
                 await rt.finish_updates()  # the last checkpoint is written: no update follows
                 after = await _held_out(rt, "trained", stop)

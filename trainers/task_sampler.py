@@ -3,7 +3,7 @@
 A task is an env seed; its id is ``"{env}:{seed}"`` (one env per run). Draw ``d`` of step ``k``:
 
 * ``--curriculum none``: a *fresh* task, a pure function of (``--seed``, k, d):
-  draws ``0 .. groups-per-step − 1`` are :func:`~agentrl.trainers.train_setup.task_seeds` (the order runs
+  draws ``0 .. groups-per-step − 1`` are :func:`~agentrl.trainers.factories.task_seeds` (the order runs
   always had), refills (``d ≥ groups-per-step``, dynamic sampling) are :func:`refill_seed`, from a range no
   step's first draws use, so a refill is never a task another step trains as fresh.
 * ``--curriculum difficulty``: the draw picks a *pool* at random (its own stream, seeded by
@@ -185,11 +185,12 @@ class TaskSampler:
 
 
 def task_sampler(cfg: Any) -> TaskSampler:
-    """The sampler of a run with these settings (a :class:`~agentrl.trainers.train_setup.TrainConfig`; not
+    """The sampler of a run with these settings (a :class:`~agentrl.trainers.train_config.TrainConfig`; not
     imported, which would be a cycle), its state empty: a resume loads it."""
-    draws = cfg.dynamic_sampling.max_draws if cfg.dynamic_sampling.enabled else 1
+    b = cfg.batch
+    draws = b.dynamic_sampling.max_draws if b.dynamic_sampling.enabled else 1
     return TaskSampler(
-        cfg.seed, cfg.groups_per_step, draws * cfg.groups_per_step, cfg.curriculum, cfg.max_staleness
+        cfg.seed, b.groups_per_step, draws * b.groups_per_step, b.curriculum, cfg.async_.max_staleness
     )
 
 

@@ -58,7 +58,7 @@ def record_choice(fmt: str | None, *, env: str, agent: str | None, model: str) -
     """The format a run records for ``--rollout.tool-format fmt``: ``auto`` replaced by the format it chose,
     printed (a fresh run records it in its config). Runs that hand no format to their env (not a ToolEnv)
     keep ``auto``: there is nothing to choose. Takes the settings, not the config, so that this module and
-    ``train_setup`` (which owns ``TrainConfig``) import one way."""
+    ``train_config`` (which owns ``TrainConfig``) import one way."""
     import agentrl
     from agentrl.envs.tool_env import ToolEnv
 

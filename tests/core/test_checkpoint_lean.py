@@ -136,6 +136,6 @@ def test_a_config_json_from_before_the_setting_loads_with_the_default():
     from agentrl.trainers.train_setup import RESUMABLE, TrainConfig
 
     old = config_to_dict(TrainConfig())
-    del old["older_checkpoints"]  # what runs before lean checkpoints recorded
-    assert config_from_dict(TrainConfig, old).older_checkpoints == "exact"
+    del old["output"]["older_checkpoints"]  # what runs before lean checkpoints recorded
+    assert config_from_dict(TrainConfig, old).output.older_checkpoints == "exact"
     assert "older_checkpoints" in RESUMABLE  # a resumed run may change it: it is not part of the experiment

@@ -199,7 +199,7 @@ def test_agentrl_train_on_cuda_one_step(tmp_path, request, env):
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     cfg = json.loads((run / "config.json").read_text())
-    assert cfg["device"] == "cuda" and cfg["env"] == env
+    assert cfg["weights"]["device"] == "cuda" and cfg["env"] == env
     (row,) = read_metrics(run)
     assert math.isfinite(row["learn/loss"]) and math.isfinite(row["learn/grad_norm"])
     # fp32 master weights (bf16 compute and sampling): the checkpoint holds the master copy.

@@ -223,21 +223,22 @@ def test_learner_flex_packed_equals_padded_sdpa_on_cuda(autocast):
 
 
 def test_trainer_records_the_attention_and_a_resume_keeps_it(tmp_path, capsys):
-    """``--learner.attention`` reaches the CLI; ``auto`` is recorded in config.json as what it means here
-    (sdpa
-    on CPU) and printed; a resume with the default keeps the recorded value; a config.json written before
-    the field existed still loads (auto)."""
+    """``--learner.attention`` reaches the CLI; ``auto`` stays in config.json as asked, and what it means here
+    (sdpa on CPU) is printed and recorded in resolved.json; a resume with the default keeps the recorded
+    value; a config.json written before the field existed still loads (auto)."""
     from agentrl.config import config_from_dict
     from agentrl.trainers.cli import _train_config, build_parser
-    from agentrl.trainers.pg import TrainConfig, prepare_run
+    from agentrl.trainers.factories import prepare_run, resolved
+    from agentrl.trainers.pg import TrainConfig
 
     cfg, run = prepare_run(TrainConfig(model="tiny", device="cpu", out=str(tmp_path / "a")))
-    assert cfg.learner.attention == "sdpa"
+    assert cfg.learner.attention == "auto" and resolved(cfg, run).attention == "sdpa"
     assert "learner: attention=sdpa (asked: auto)" in capsys.readouterr().out
     data = json.loads(run.config_path.read_text())
-    assert data["learner"]["attention"] == "sdpa"
+    assert data["learner"]["attention"] == "auto"
+    assert json.loads(run.resolved_path.read_text())["attention"] == "sdpa"
     again, _ = prepare_run(TrainConfig(model="tiny", device="cpu", resume=str(run.path)))
-    assert again.learner.attention == "sdpa"
+    assert resolved(again, run).attention == "sdpa"
     del data["learner"]["attention"]
     assert config_from_dict(TrainConfig, data).learner.attention == "auto"
     parser = build_parser()

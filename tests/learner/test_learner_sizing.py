@@ -12,7 +12,8 @@ from agentrl.config import config_from_dict
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner, LearnerConfig
 from agentrl.learner.sizing import ModelShape, device_sizes
-from agentrl.trainers.train_setup import TrainConfig, prepare_run
+from agentrl.trainers.factories import learner_config, precision, prepare_run, resolved
+from agentrl.trainers.train_config import TrainConfig
 
 from .tiny import tiny_qwen2
 
@@ -64,18 +65,24 @@ def test_learner_config_zero_means_for_the_device():
 
 def test_trainer_records_the_chosen_sizes_and_an_explicit_value_wins(tmp_path, capsys):
     cfg, run = prepare_run(TrainConfig(model="tiny", device="cpu", out=str(tmp_path / "a")))
-    assert (cfg.learner.micro_batch_tokens, cfg.learner.chunk_size) == (384, 128)
+    # The config keeps what was asked (0: for the device); what this device chose is the run's ResolvedRun.
+    assert (cfg.learner.micro_batch_tokens, cfg.learner.chunk_size) == (0, 0)
+    found = resolved(cfg, run)
+    assert (found.micro_batch_tokens, found.chunk_size) == (384, 128)
     assert "learner: micro_batch_tokens=384 chunk_size=128" in capsys.readouterr().out
     saved = json.loads(run.config_path.read_text())["learner"]
-    assert (saved["micro_batch_tokens"], saved["chunk_size"], saved["pack_sequences"]) == (384, 128, True)
-    # A resume with the default (0) keeps the recorded sizes instead of counting them as changed.
+    assert (saved["micro_batch_tokens"], saved["chunk_size"], saved["pack_sequences"]) == (0, 0, True)
+    assert json.loads(run.resolved_path.read_text())["micro_batch_tokens"] == 384
+    assert learner_config(cfg, precision(cfg, torch.device("cpu")), found).micro_batch_tokens == 384
+    # A resume with the default (0) keeps the recorded sizes and counts nothing as changed.
     again, _ = prepare_run(TrainConfig(model="tiny", device="cpu", resume=str(run.path)))
-    assert again.learner == cfg.learner
+    assert again.learner == cfg.learner and resolved(again, run) == found
     mine = TrainConfig(
         model="tiny", device="cpu", out=str(tmp_path / "b"), learner=LearnerConfig(micro_batch_tokens=512)
     )
-    cfg_b, _ = prepare_run(mine)
-    assert (cfg_b.learner.micro_batch_tokens, cfg_b.learner.chunk_size) == (512, 1024)
+    cfg_b, run_b = prepare_run(mine)
+    assert cfg_b.learner.micro_batch_tokens == 512
+    assert (resolved(cfg_b, run_b).micro_batch_tokens, resolved(cfg_b, run_b).chunk_size) == (512, 1024)
 
 
 def test_old_config_json_still_loads(tmp_path):
@@ -83,6 +90,8 @@ def test_old_config_json_still_loads(tmp_path):
     _, run = prepare_run(TrainConfig(model="tiny", device="cpu", out=str(tmp_path / "old")))
     data = json.loads(run.config_path.read_text())
     del data["learner"]["pack_sequences"]
+    # Runs from before resolved.json kept the chosen sizes in their config.json.
+    data["learner"].update(micro_batch_tokens=384, chunk_size=128)
     cfg = config_from_dict(TrainConfig, data)
     assert cfg.learner.pack_sequences and cfg.learner.micro_batch_tokens == 384
 

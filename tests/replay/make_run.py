@@ -82,11 +82,11 @@ class ScriptedTIR:
 def main(out: str) -> int:
     from agentrl.learner import LearnerConfig
     from agentrl.rollout import RolloutConfig
-    from agentrl.trainers import local, pg, train_setup
+    from agentrl.trainers import factories, local, pg
 
-    # Where the sampler is built (train_setup) and where the local runtime recognises one sharing the
+    # Where the sampler is built (factories) and where the local runtime recognises one sharing the
     # learner's model (local): the scripted sampler stands in for HFPolicy in both.
-    train_setup.HFPolicy = ScriptedTIR  # type: ignore[misc,assignment]
+    factories.HFPolicy = ScriptedTIR  # type: ignore[misc,assignment]
     local.HFPolicy = ScriptedTIR  # type: ignore[misc,assignment]
     cfg = pg.TrainConfig(
         model="tiny",

@@ -63,7 +63,7 @@ def test_cli_curriculum_with_staleness_1_trains_two_steps_and_resumes_with_its_s
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["step"] for r in read_metrics(out)] == [0, 1]
     cfg = json.loads((out / "config.json").read_text())
-    assert (cfg["curriculum"], cfg["max_staleness"]) == ("difficulty", 1)
+    assert (cfg["batch"]["curriculum"], cfg["async_"]["max_staleness"]) == ("difficulty", 1)
     seeds = _seeds_by_step(out)
     # Lag 1: steps 0 and 1 see no observation yet, so both draw their fresh tasks (seed 0: 4k .. 4k + 3).
     assert {k: sorted(v) for k, v in seeds.items()} == {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}

@@ -195,7 +195,7 @@ def test_cli_two_steps_with_dynamic_sampling_hits_the_cap_and_says_so(tmp_path, 
     )
     assert proc.stdout.count(said) == 2, proc.stdout
     assert "training on those" not in proc.stdout and "no group to train on" not in proc.stdout
-    assert json.loads((out / "config.json").read_text())["dynamic_sampling"] == {
+    assert json.loads((out / "config.json").read_text())["batch"]["dynamic_sampling"] == {
         "name": "true",
         "max_draws": 2,
     }

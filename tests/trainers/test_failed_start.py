@@ -49,5 +49,5 @@ def test_a_start_killed_before_its_first_episode_is_taken_over(tmp_path):
     assert not RunDir(run).has_records()
     assert cli_main(["train", *FAST, "--out", str(run)]) == 0
     saved = json.loads((run / "config.json").read_text())
-    assert saved["env"] == "math-tir-arith-v0" and saved["steps"] == 1
+    assert saved["env"] == "math-tir-arith-v0" and saved["output"]["steps"] == 1
     assert RunDir(run).has_records()

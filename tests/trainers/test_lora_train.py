@@ -218,7 +218,7 @@ def test_the_cli_trains_lora_asynchronously_with_a_real_hf_sampler_of_its_own(tm
     assert all(s.sha256 == s.learner_sha256 for s in syncs) and len({s.sha256 for s in syncs}) == 3
     adapter = _adapter(out, 2)
     assert {k.split(".")[-3] for k in adapter} == {"q_proj", "v_proj"}
-    assert json.loads((out / "config.json").read_text())["lora"]["rank"] == 4
+    assert json.loads((out / "config.json").read_text())["weights"]["lora"]["rank"] == 4
 
 
 def test_lora_with_a_vllm_server_sampler_serves_one_adapter_per_live_version(tok):

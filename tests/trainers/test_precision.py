@@ -108,7 +108,7 @@ def test_cli_bf16_compute_samples_from_a_bf16_copy_and_checkpoints_fp32_master(t
     assert "precision: master float32, compute bfloat16, sampler bfloat16" in capsys.readouterr().out
     assert describe_checkpoint(RunDir(run).checkpoint(1)).weights_dtype == "float32"
     cfg = json.loads((run / "config.json").read_text())
-    assert cfg["dtype"] == "bfloat16" and cfg["master_dtype"] == "float32"
+    assert cfg["weights"]["dtype"] == "bfloat16" and cfg["weights"]["master_dtype"] == "float32"
 
 
 def test_master_dtype_bf16_needs_bf16_compute(capsys):

@@ -64,7 +64,7 @@ def test_run_directory_and_finite_metrics(two_step_run):
         "checkpoints",
     }
     cfg = json.loads((run / "config.json").read_text())
-    assert cfg["model"] == "tiny" and cfg["group_size"] == 2
+    assert cfg["model"] == "tiny" and cfg["batch"]["group_size"] == 2
     # config.json records the estimator with its options (before typed estimators: "estimator": "otb").
     assert cfg["estimator"] == {"name": "otb", "zero_tail": True, "eps": 1e-8}
     rows = read_metrics(run)
@@ -138,7 +138,7 @@ def test_run_dir_from_before_typed_estimators_still_resumes(two_step_run, tmp_pa
     shutil.copytree(run, old)
     cfg = json.loads((old / "config.json").read_text())
     cfg["estimator"] = "otb"  # how config.json recorded the estimator before it had options
-    cfg["out"], cfg["resume"] = str(old), None  # as written by its first run
+    cfg["output"]["out"], cfg["output"]["resume"] = str(old), None  # as written by its first run
     (old / "config.json").write_text(json.dumps(cfg))
     steps = steps_of(old)
     # Every step is done: resuming loads the config and the last checkpoint, trains nothing and exits 0.

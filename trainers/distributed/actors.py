@@ -35,7 +35,7 @@ from agentrl.types import Provenance, StopReason, Trajectory, TrajectoryMeta
 from agentrl.weights import weights_checksum
 
 if TYPE_CHECKING:
-    from agentrl.trainers.train_setup import TrainConfig
+    from agentrl.trainers.train_config import TrainConfig
 
 __all__ = [
     "BalancedServerPolicy",
@@ -58,17 +58,17 @@ def hf_policy_factory(cfg: TrainConfig, version: int) -> UpdatablePolicy:
     """The sampler ``agentrl train`` would use in one process (HF on CPU/GPU, or vLLM with
     ``--policy vllm``), built from the run's model spec."""
     from agentrl.models import resolve_model
-    from agentrl.trainers import train_setup
+    from agentrl.trainers import factories
 
     loaded = resolve_model(
-        train_setup.sampler_spec(cfg)
+        factories.sampler_spec(cfg)
     )  # the sampler's dtype (bf16 on CUDA), not the master's
-    if cfg.lora.enabled:  # the same seeded adapters as the learner's; syncs then replace only them
+    if cfg.weights.lora.enabled:  # the same seeded adapters as the learner's; syncs then replace only them
         from agentrl.lora import apply_lora
 
-        apply_lora(loaded.model, cfg.lora, name=cfg.model, seed=cfg.seed)
+        apply_lora(loaded.model, cfg.weights.lora, name=cfg.model, seed=cfg.seed)
     renderer = ChatRenderer(loaded.tokenizer)
-    return train_setup.make_policy(
+    return factories.make_policy(
         cfg, loaded.model, loaded.tokenizer, renderer, loaded.device, version=version
     )
 
@@ -316,12 +316,14 @@ class RolloutWorker:
 
     async def _env_factory(self) -> Callable[[], Any]:
         if self._make_env is None:
-            from agentrl.sandbox import rollout_pool
-            from agentrl.trainers import train_setup
+            from agentrl.trainers import factories
 
-            if train_setup.needs_sandbox(self.cfg):  # as in the local runtime: none for envs that run no code
-                self._pool = await rollout_pool(self.cfg.rollout.concurrency).__aenter__()
-            self._make_env = train_setup.env_factory(self.cfg, self._pool)
+            # As in the local runtime: none for envs that run no code. Its --sandbox.max-starting is the
+            # driver's (RayRuntime hands the workers a config with it resolved: factories.with_sandbox_cap).
+            pool = factories.sandbox_pool(self.cfg, self.cfg.rollout.concurrency)
+            if pool is not None:
+                self._pool = await pool.__aenter__()
+            self._make_env = factories.env_factory(self.cfg, self._pool)
         return self._make_env
 
     async def _agent_runner(self) -> Any:
@@ -397,7 +399,7 @@ class RolloutWorker:
         a tool runs a sub-agent, :func:`agentrl.samples.run_samples`): sticky to the server the balancer
         gives it, started over on another (a few times at most) when its server was lost."""
         meta = dataclasses.replace(group, episode_id=f"{group.group_id}-m{member}")
-        from agentrl.trainers.train_setup import rollout_config
+        from agentrl.trainers.factories import rollout_config
 
         rollout = rollout_config(self.cfg, step)  # the step's seed, as single-process
         for attempt in range(self.episode_retries + 1):

@@ -22,7 +22,7 @@ from agentrl.trainers.distributed.weights import WeightRef, WeightTransport
 
 if TYPE_CHECKING:
     from agentrl.trainers.learner_core import LearnerCore
-    from agentrl.trainers.train_setup import TrainConfig
+    from agentrl.trainers.train_config import ResolvedRun, TrainConfig
 
 __all__ = ["LearnerActor", "free_port", "shard_groups"]
 
@@ -45,8 +45,10 @@ def shard_groups(groups: Sequence[TrajectoryGroup], ranks: int) -> list[list[Tra
 class LearnerActor:
     """One rank of the learner group: a :class:`~agentrl.trainers.learner_core.LearnerCore` on a Ray actor."""
 
-    def __init__(self, rank: int, world: int, cfg: TrainConfig):
+    def __init__(self, rank: int, world: int, cfg: TrainConfig, *, resolved: ResolvedRun | None = None):
         self.rank, self.world, self.cfg = rank, world, cfg
+        self.resolved = resolved
+        """What the run resolved for its device (the learner's sizes; :class:`ResolvedRun`)."""
         self._core: LearnerCore | None = None
 
     @property
@@ -64,7 +66,9 @@ class LearnerActor:
         """Build this rank's learner core (load the model; join the process group when ``world > 1``)."""
         from agentrl.trainers.learner_core import LearnerCore
 
-        self._core = LearnerCore(self.cfg, rank=self.rank, world=self.world, master=master)
+        self._core = LearnerCore(
+            self.cfg, rank=self.rank, world=self.world, master=master, resolved=self.resolved
+        )
 
     def load_checkpoint(self, run_path: str) -> int:
         """Load the run's newest checkpoint (weights, optimizer, stability state); return its step (0 when

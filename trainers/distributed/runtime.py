@@ -52,7 +52,7 @@ from agentrl.trainers.evaluate import EvalReport
 from agentrl.types import TrajectoryMeta
 
 if TYPE_CHECKING:
-    from agentrl.trainers.train_setup import TrainConfig
+    from agentrl.trainers.train_config import TrainConfig
 
 __all__ = ["RESOURCES", "RayOptions", "RayRuntime", "connect", "ray_runtime", "require_ray"]
 
@@ -107,7 +107,7 @@ class RayOptions:
         """The GPUs a learner or server reserves for ``cfg``."""
         if self.gpus_per_actor is not None:
             return self.gpus_per_actor
-        return 0.5 if str(cfg.device).startswith("cuda") else 0.0
+        return 0.5 if str(cfg.weights.device).startswith("cuda") else 0.0
 
 
 def connect(address: str, cfg: TrainConfig, opts: RayOptions) -> bool:
@@ -191,6 +191,9 @@ class RayRuntime(RuntimeVersions):
         bundle = {"learner": 1.0, **({"GPU": gpus} if gpus else {})}
         self.placement = placement_group([bundle] * dep.learners, strategy="PACK")
         await self.placement.ready()
+        from agentrl.trainers.factories import resolved
+
+        found = resolved(cfg, self.run)  # the learner's sizes this run chose for its device
         actor = ray.remote(self.opts.learner_actor)
         self.learners = [
             actor.options(
@@ -200,7 +203,7 @@ class RayRuntime(RuntimeVersions):
                 ),
                 resources={"learner": 1},
                 num_gpus=gpus,
-            ).remote(r, dep.learners, cfg)
+            ).remote(r, dep.learners, cfg, resolved=found)
             for r in range(dep.learners)
         ]
         master = await self.learners[0].address.remote() if dep.learners > 1 else None
@@ -442,7 +445,7 @@ class RayRuntime(RuntimeVersions):
         loaded; every turn goes to it) with the env built in this process, as the local runtime builds it
         (a sandbox pool of its own when the env runs code)."""
         cfg = self.cfg
-        if not cfg.eval.tasks:
+        if not cfg.output.eval.tasks:
             return None
         if cfg.agent is not None:
             if label == "untrained":
@@ -450,18 +453,17 @@ class RayRuntime(RuntimeVersions):
             return None
         from agentrl.chat import ChatRenderer
         from agentrl.models import resolve_tokenizer
-        from agentrl.sandbox import rollout_pool
-        from agentrl.trainers import train_setup
+        from agentrl.trainers import factories
         from agentrl.trainers.evaluate import run_held_out
 
         renderer = ChatRenderer(resolve_tokenizer(cfg.model))
         policy = ServerPolicy(self.servers, self.balancer, await self.balancer.acquire.remote())
-        pool = rollout_pool(cfg.rollout.concurrency) if train_setup.needs_sandbox(cfg) else None
+        pool = factories.sandbox_pool(cfg, cfg.rollout.concurrency)
         try:
             async with pool or contextlib.nullcontext():
-                kwargs = train_setup.env_kwargs(cfg, pool)
+                kwargs = factories.env_kwargs(cfg, pool)
                 return await run_held_out(
-                    policy, renderer, cfg.env, kwargs, cfg.eval, cfg.rollout, self.run.path, label
+                    policy, renderer, cfg.env, kwargs, cfg.output.eval, cfg.rollout, self.run.path, label
                 )
         finally:
             self.balancer.release.remote(policy.index)
@@ -483,8 +485,11 @@ async def ray_runtime(
     cfg: TrainConfig, run: RunDir, options: RayOptions | None = None
 ) -> AsyncIterator[RayRuntime]:
     """Connect to Ray (``cfg.deploy.ray``), start the actors, yield the runtime; stop them on exit."""
+    from agentrl.trainers.factories import with_sandbox_cap
+
     opts = options or RayOptions()
     ray = require_ray()
+    cfg = with_sandbox_cap(cfg)  # the workers build their pools with the driver's cap
     if cfg.deploy.ray is None:
         raise ConfigError("the Ray runtime needs --ray (local, auto, ray://host:port or a head's host:port)")
     started = connect(cfg.deploy.ray, cfg, opts)

@@ -44,7 +44,7 @@ from .server import Gateway
 from .session import GatewayConfig
 
 if TYPE_CHECKING:
-    from agentrl.trainers.train_setup import TrainConfig
+    from agentrl.trainers.train_config import TrainConfig
 
 __all__ = [
     "AgentFn",

@@ -157,7 +157,8 @@ async def serve(
     from agentrl import JsonlStore
     from agentrl.chat import ChatRenderer
     from agentrl.models import resolve_model
-    from agentrl.trainers.train_setup import TrainConfig, make_policy, sampler_spec
+    from agentrl.trainers.factories import make_policy, sampler_spec
+    from agentrl.trainers.train_config import TrainConfig, WeightsConfig
 
     from .server import Gateway, check_exposure
 
@@ -167,7 +168,8 @@ async def serve(
     saved = out / "config.json"
     if saved.exists() and "host" not in json.loads(saved.read_text()):
         raise ConfigError(f"{out} holds a training run; give the gateway its own --out folder")
-    train_like = TrainConfig(model=cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
+    weights = WeightsConfig(device=cfg.device, dtype=cfg.dtype)
+    train_like = TrainConfig(model=cfg.model, weights=weights, seed=cfg.seed)
     loaded = resolve_model(sampler_spec(train_like))
     model, tokenizer, device = loaded.model, loaded.tokenizer, loaded.device
     renderer = ChatRenderer(tokenizer)

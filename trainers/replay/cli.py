@@ -32,6 +32,7 @@ from typing import Any
 
 from agentrl import replay
 from agentrl.errors import ConfigError
+from agentrl.trainers.factories import env_arguments
 from agentrl.trainers.replay.credit import advantages_of_step
 from agentrl.trainers.replay.recompute import recompute, recompute_run
 from agentrl.trainers.replay.reexec import (
@@ -45,7 +46,6 @@ from agentrl.trainers.replay.rejudge import add_group_terms, add_rejudge_argumen
 from agentrl.trainers.replay.reproduce import reproduce_step
 from agentrl.trainers.replay.text import print_recompute, print_step
 from agentrl.trainers.replay.weights import find_tokenizer, train_config
-from agentrl.trainers.train_setup import env_arguments
 from agentrl.types import StopReason, ToolStatus, Trajectory
 
 __all__ = ["add_parser", "run"]

@@ -54,7 +54,7 @@ def advantages_of_step(
         return StepAdvantages(step, values, f"recomputed with the weights that sampled it{how}", False)
     gone = f"checkpoint step {step} is not on disk"
     try:
-        run.run_dir.require_checkpoint(step, keep=cfg.keep_checkpoints)
+        run.run_dir.require_checkpoint(step, keep=cfg.output.keep_checkpoints)
     except StoreError as e:
         gone = str(e)
     groups = list(group_trajectories(run.trajectories[i] for i in trained))

@@ -16,9 +16,10 @@ from agentrl.learner import Learner
 from agentrl.learner.correction import Correction
 from agentrl.learner.stability import StepInputs, observe_step, stability_at
 from agentrl.replay import Run
+from agentrl.trainers.factories import learner_config, precision, resolved, tokenizer_pad_id
 from agentrl.trainers.replay.weights import exact_weights, load_tokenizer_for, load_weights, train_config
 from agentrl.trainers.step_metrics import episode_metrics
-from agentrl.trainers.train_setup import TrainConfig, learner_config, precision, tokenizer_pad_id
+from agentrl.trainers.train_config import TrainConfig
 from agentrl.types import Trajectory
 from agentrl.update import policy_update, score_and_credit
 
@@ -113,8 +114,8 @@ def step_batch(run: Run, step: int) -> tuple[list[int], list[int]]:
     the trainer's own test: refills are groups of the step like the others).
     """
     cfg = train_config(run) if run.run_dir is not None else None
-    group_size = cfg.group_size if cfg is not None else None
-    filtering = cfg is not None and cfg.dynamic_sampling.enabled
+    group_size = cfg.batch.group_size if cfg is not None else None
+    filtering = cfg is not None and cfg.batch.dynamic_sampling.enabled
     members: dict[str, list[int]] = {}
     for i, t in enumerate(run.trajectories):
         if t.meta.step == step:
@@ -150,7 +151,9 @@ def run_correction(run: Run) -> Correction | None:
     if run.run_dir is None:
         return None
     raw = json.loads(run.run_dir.config_path.read_text())
-    return train_config(run).correction if "correction" in raw else None
+    grouped = raw.get("async_")  # since the settings were grouped; before, at the top level
+    written = "correction" in raw or (isinstance(grouped, dict) and "correction" in grouped)
+    return train_config(run).async_.correction if written else None
 
 
 def _pad_id(tokenizer: Any) -> int:
@@ -182,7 +185,7 @@ def step_advantages(
     model, _ = load_weights(run, step, device=device, dtype=dtype)
     tok = tokenizer if tokenizer is not None else load_tokenizer_for(run)
     credit = score_and_credit(
-        _learner(model, cfg),
+        _learner(model, cfg, run),
         list(group_trajectories(run.trajectories[i] for i in trained)),
         estimator=cfg.estimator,
         pad_id=_pad_id(tok),
@@ -245,7 +248,7 @@ def reproduce_step(
     if trained:
         model, weights = load_weights(run, step, device=device, dtype=dtype)
         # The trainer's own update function, on the recorded episodes and the weights that sampled them.
-        learner = _learner(model, cfg)
+        learner = _learner(model, cfg, run)
         if not _with_optimizer_state(run, step, learner):
             # The update's own measures depend on the optimizer's state (Adam's moments after `step` steps),
             # which only an uncompacted checkpoint keeps; a fresh optimizer would report another update.
@@ -300,8 +303,10 @@ def _with_optimizer_state(run: Run, step: int, learner: Learner) -> bool:
     return True
 
 
-def _learner(model: Any, cfg: TrainConfig) -> Learner:
+def _learner(model: Any, cfg: TrainConfig, run: Run) -> Learner:
     """The learner as the run trained: its precision on this device (bf16 autocast over fp32 master weights
-    on CUDA), so a replayed step scores with the arithmetic the trainer used."""
+    on CUDA) and the micro-batch sizes it resolved, so a replayed step scores with the arithmetic the
+    trainer used."""
     prec = precision(cfg, next(model.parameters()).device)
-    return Learner(model, learner_config(cfg, prec))
+    found = resolved(cfg, run.run_dir) if run.run_dir is not None else None
+    return Learner(model, learner_config(cfg, prec, found))

@@ -12,7 +12,8 @@ from agentrl.models import resolve_model, resolve_tokenizer
 from agentrl.replay import Run
 from agentrl.run import RunDir
 from agentrl.tokenizer_id import TokenizerInfo
-from agentrl.trainers.train_setup import TrainConfig, model_spec
+from agentrl.trainers.factories import model_spec
+from agentrl.trainers.train_config import TrainConfig
 
 __all__ = ["exact_weights", "find_tokenizer", "load_tokenizer_for", "load_weights", "train_config"]
 
@@ -130,16 +131,18 @@ def load_weights(
     ckpt = run.run_dir.find_checkpoint(version)
     if ckpt is None and version == 0:
         loaded = resolve_model(spec, tokenizer=False)
-        if cfg.lora.enabled:  # the base plus the seeded initial adapter, exactly as the trainer built them
+        if (
+            cfg.weights.lora.enabled
+        ):  # the base plus the seeded initial adapter, exactly as the trainer built them
             from agentrl.lora import apply_lora
 
-            apply_lora(loaded.model, cfg.lora, name=cfg.model, seed=cfg.seed)
+            apply_lora(loaded.model, cfg.weights.lora, name=cfg.model, seed=cfg.seed)
             return (
                 loaded.model,
-                f"initial weights ({loaded.source}) with a fresh rank-{cfg.lora.rank} adapter",
+                f"initial weights ({loaded.source}) with a fresh rank-{cfg.weights.lora.rank} adapter",
             )
         return loaded.model, f"initial weights ({loaded.source})"
-    ckpt = run.run_dir.require_checkpoint(version, keep=cfg.keep_checkpoints)
+    ckpt = run.run_dir.require_checkpoint(version, keep=cfg.output.keep_checkpoints)
     loaded = resolve_model(dataclasses.replace(spec, name=str(ckpt.path)), tokenizer=False)
     contents = describe_checkpoint(ckpt)
     if not contents.exact:  # an older checkpoint compacted to float16: say so wherever the weights are named
