@@ -181,19 +181,20 @@ def live_train_config(serve: ServeConfig, given: set[str], train: TrainConfig) -
             "--agent runs an agent of yours (agentrl train --agent); --train trains on sessions "
             "that arrive from outside: pass one"
         )
-    if train.resume is not None:
+    if train.output.resume is not None:
         raise ConfigError("--train does not resume a run (the sessions came from outside); start a new one")
     if train.deploy.ray is not None:
         raise ConfigError("--train runs in this process; --ray is not supported with it")
-    if train.max_staleness < 1:
+    if train.async_.max_staleness < 1:
         raise ConfigError(
             "--train needs --max-staleness >= 1: outside sessions keep sampling while the learner updates, "
             "so a group is at least one version old when its step trains (and the sampler must have its "
             "own copy of the weights)"
         )
-    if "eval.tasks" in given and train.eval.tasks:
+    if "eval.tasks" in given and train.output.eval.tasks:
         raise ConfigError("--train has no held-out evaluation (the sessions bring their own tasks)")
-    return dataclasses.replace(train, eval=dataclasses.replace(train.eval, tasks=0))
+    out = dataclasses.replace(train.output, eval=dataclasses.replace(train.output.eval, tasks=0))
+    return dataclasses.replace(train, output=out)
 
 
 def gateway_settings(serve: ServeConfig, train: TrainConfig) -> GatewayConfig:
@@ -242,7 +243,7 @@ def live_source(serve: ServeConfig, api_key: str | None, run_dir: Path) -> Sourc
 
         from .server import Gateway
 
-        live = LiveGroups(cfg.group_size, ledger=run_dir / LEDGER_FILE)
+        live = LiveGroups(cfg.batch.group_size, ledger=run_dir / LEDGER_FILE)
         store = JsonlStore(run_dir / SESSIONS_FILE, mode="append")
         try:
             async with Gateway(
@@ -264,8 +265,8 @@ def live_source(serve: ServeConfig, api_key: str | None, run_dir: Path) -> Sourc
                     f"{gw.url}/s/<session_id>/v1 and end each session with POST "
                     f"{gw.url}/s/<session_id>/finish "
                     '{"reward": r, "info": {"task_id": ...}} (or without the reward, then POST .../reward '
-                    f"within {serve.reward_deadline:g} s); a group is {cfg.group_size} rewarded sessions of "
-                    "one task_id",
+                    f"within {serve.reward_deadline:g} s); a group is {cfg.batch.group_size} rewarded "
+                    "sessions of one task_id",
                     flush=True,
                 )
                 yield live
