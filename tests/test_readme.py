@@ -19,7 +19,7 @@ def test_the_two_commands_open_the_readme():
     commands = [line for line in first.splitlines() if line and not line.startswith("#")]
     assert commands == [
         "bash .ci/setup && .venv/bin/agentrl train",
-        "bash .ci/setup --dev && .venv/bin/python -m pytest -q",
+        "bash .ci/setup --dev && .venv/bin/python -m pytest -q -n auto",
     ]
     # CI runs the same setup and the same pytest command, split in two tiers that together are the whole
     # suite (test_ci_runs_the_fast_tier_first_then_exactly_the_rest).
