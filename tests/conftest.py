@@ -50,14 +50,85 @@ def renderer(tok):
     return ChatRenderer(tok)
 
 
+# --- running in parallel (pytest-xdist; docs/testing.md "Running in parallel") ----------------------------
+# `-n N` (README and CI: `-n auto`) runs the suite in N worker processes. Tests are handed out a group at a
+# time, and a group runs on one worker:
+# - tests/distributed (every Ray test lives there, next to the `cluster` fixture): one worker starts the one
+#   session cluster; a second cluster on the same 2 cores would only slow both;
+# - tests/sandbox: their leak check (tests/sandbox/conftest.py) compares the host's mount table and /tmp
+#   before and after each test, and another worker's Docker containers would change both;
+# - every other module on its own: a module-scoped fixture (a replay module's training run) then runs once,
+#   not once per worker, and a module's tests keep their order.
+# The long groups are handed out first, so that none of them starts last. The groups are read from the node
+# id alone, because the controller that hands them out never collects the tests. (xdist's own `loadgroup`
+# tags node ids through an attribute that pytest 9.2 no longer reads, so its groups would be ignored.)
+RAY_FOLDER, SANDBOX_FOLDER = "tests/distributed/", "tests/sandbox/"
+# `-n auto` starts this many workers per CPU (at most MAX_AUTO_WORKERS): the suite's tests wait on
+# subprocesses, sandboxes, servers and Ray as much as they compute, so a worker more than the cores still
+# gains (docs/testing.md has the numbers).
+WORKERS_PER_CPU = 1.5
+MAX_AUTO_WORKERS = 8
+
+
+def group_of(nodeid: str) -> str:
+    """The group a test runs in under ``-n`` (see above): a folder, or its module."""
+    module = nodeid.split("::", 1)[0]
+    for folder in (RAY_FOLDER, SANDBOX_FOLDER):
+        if module.startswith(folder):
+            return folder
+    return module
+
+
+def _first(item: pytest.Item) -> int:
+    """Rank of a test's group in the hand-out order: Ray, then experiment-scale runs and the sandbox tests,
+    then the rest."""
+    group = group_of(item.nodeid)
+    if group == RAY_FOLDER:
+        return 0
+    return 1 if group == SANDBOX_FOLDER or item.get_closest_marker("experiment") is not None else 2
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under ``-n`` (whose default ``--dist`` is ``load``) hand the tests out by ``group_of``; an explicitly
+    different ``--dist`` (loadfile, worksteal) is the caller's."""
+    if config.getoption("dist", "no") not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return ByGroup(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: WORKERS_PER_CPU workers per CPU this process may use, at most MAX_AUTO_WORKERS
+    (PYTEST_XDIST_AUTO_NUM_WORKERS overrides it, as in xdist)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own hook reads it
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(MAX_AUTO_WORKERS, round(cpus * WORKERS_PER_CPU)))
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test on the Ray cluster fixture (tests/distributed/conftest.py) starts Ray: mark it ``ray``, so
     the fast tier (``-m "not slow and not ray and not gpu and not vllm"``, README "Testing") leaves it out
-    whoever writes the next one. A test that starts Ray another way carries ``@pytest.mark.ray`` itself. An
-``experiment`` test (an experiment-scale run) is ``slow`` too."""
+    whoever writes the next one. A test that starts Ray another way carries ``@pytest.mark.ray`` itself, and
+    lives in tests/distributed too (its group under ``-n``). An ``experiment`` test (an experiment-scale run)
+    is ``slow`` too. In an xdist worker, the tests are put in their groups' hand-out order."""
     for item in items:
         if "cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.ray)
         if item.get_closest_marker("experiment") is not None:
             item.add_marker(pytest.mark.slow)  # an experiment-scale run is never in the fast tier
+        if item.get_closest_marker("ray") is not None and group_of(item.nodeid) != RAY_FOLDER:
+            raise pytest.UsageError(
+                f"{item.nodeid} starts Ray, so it belongs in {RAY_FOLDER}: under -n that folder runs on one "
+                "worker, next to the one session cluster (tests/conftest.py)"
+            )
+    if getattr(config, "workerinput", None) is not None:
+        items.sort(key=_first)  # stable: within a rank, the collection order (every worker sorts alike)

@@ -19,7 +19,7 @@ def test_the_two_commands_open_the_readme():
     commands = [line for line in first.splitlines() if line and not line.startswith("#")]
     assert commands == [
         "bash .ci/setup && .venv/bin/agentrl train",
-        "bash .ci/setup --dev && .venv/bin/python -m pytest -q",
+        "bash .ci/setup --dev && .venv/bin/python -m pytest -q -n auto",
     ]
     # CI runs the same setup and the same pytest command, split in two tiers that together are the whole
     # suite (test_ci_runs_the_fast_tier_first_then_exactly_the_rest).
@@ -112,7 +112,10 @@ def test_the_fast_tier_is_the_documented_one():
     import tomllib
 
     root = Path(__file__).resolve().parents[1]
-    expr = re.search(r'-m "([^"]+)"', (root / ".ci" / "fast").read_text()).group(1)
+    fast = (root / ".ci" / "fast").read_text()
+    expr = re.search(r'-m "([^"]+)"', fast).group(1)
+    # The README's pytest command (in parallel workers, -n auto) with the fast tier's expression.
+    assert f'.venv/bin/python -m pytest -q -n auto -m "{expr}" "$@"' in fast
     assert f'-m "{expr}"' in README.split("## Testing\n", 1)[1]
     ini = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     registered = {m.split(":", 1)[0] for m in ini["markers"]}

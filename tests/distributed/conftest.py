@@ -43,3 +43,12 @@ def cluster():
     finally:
         ray.shutdown()
         c.shutdown()
+
+
+@pytest.fixture(scope="session")
+def killed_drivers(cluster, tmp_path_factory):
+    """The driver-kill tests' runs (killed_drivers.py): a synchronous and an S = 1 driver, each SIGKILLed
+    mid-run and resumed, side by side on the session cluster; name -> ``KilledRun``."""
+    from .killed_drivers import kill_and_resume
+
+    return kill_and_resume(cluster.address, tmp_path_factory.mktemp("killed-drivers"))

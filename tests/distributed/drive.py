@@ -19,6 +19,7 @@ def main(argv: list[str]) -> int:
     from agentrl.rollout import RolloutConfig
     from agentrl.trainers import pg, train_setup
     from agentrl.trainers.distributed import RayOptions, ray_runtime
+    from agentrl.trainers.evaluate import EvalConfig
 
     address, out, steps = argv[0], argv[1], int(argv[2])
     resume = "--resume" in argv
@@ -39,6 +40,9 @@ def main(argv: list[str]) -> int:
         deploy=train_setup.DeployConfig(ray=address),
         max_staleness=staleness,
         keep_checkpoints=10,
+        # No held-out evaluation (2 x 64 episodes at 0.4 s a turn, more than the run): the tests check the
+        # resume; the evaluation on Ray is test_ray_agent's.
+        eval=EvalConfig(tasks=0),
     )
     opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=0.4), lease_s=120)
     asyncio.run(pg.train(cfg, runtime=lambda c, r: ray_runtime(c, r, opts)))

@@ -15,6 +15,7 @@ from agentrl.metrics import read_metrics
 from agentrl.rollout import RolloutConfig
 from agentrl.trainers import pg, train_setup
 from agentrl.trainers.distributed import GroupLedger, RayOptions, ray_runtime
+from agentrl.trainers.evaluate import EvalConfig
 from agentrl.types import StopReason
 
 from .scripted_chain import ScriptedChainFactory
@@ -39,6 +40,7 @@ async def test_env_compaction_episodes_train_a_step_on_ray_as_linked_samples(clu
         learner=LearnerConfig(lr=1e-3),
         progress=False,
         deploy=train_setup.DeployConfig(ray="auto"),
+        eval=EvalConfig(tasks=0),  # the evaluation on Ray is test_ray_agent's
     )
     opts = RayOptions(policy_factory=ScriptedChainFactory())
     await pg.train(cfg, runtime=lambda c, r: ray_runtime(c, r, opts))

@@ -7,13 +7,8 @@ sandboxes are real, the learner is the tiny model."""
 import asyncio
 import dataclasses
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 
@@ -26,6 +21,7 @@ from agentrl.run import RunDir
 from agentrl.staleness import DroppedGroup, StepOutcome
 from agentrl.trainers import pg, train_setup
 from agentrl.trainers.distributed import GroupLedger, GroupState, RayOptions, ray_runtime
+from agentrl.trainers.evaluate import EvalConfig
 from agentrl.types import StopReason, TrajectoryMeta
 from agentrl.update import score_and_credit
 from agentrl.weights import weights_checksum
@@ -36,7 +32,6 @@ from .scripted import ScriptedTIRFactory, ScriptedTIRPolicy
 ray = pytest.importorskip("ray", reason="the Ray runtime's tests need the ray extra (bash .ci/setup --dev)")
 
 pytestmark = pytest.mark.slow
-HERE = Path(__file__).parent
 
 
 def config(tmp_path, *, ray="auto", **kw):
@@ -57,6 +52,9 @@ def config(tmp_path, *, ray="auto", **kw):
         learner=LearnerConfig(lr=1e-3),
         progress=False,
         deploy=train_setup.DeployConfig(ray=ray, **deploy),
+        # No held-out evaluation before and after training: 2 x 64 episodes, more than the runs' own steps.
+        # It runs on Ray in test_ray_agent's test_the_held_out_evaluation_runs_on_an_inference_server.
+        eval=EvalConfig(tasks=0),
     )
     base.update(kw)
     return train_setup.TrainConfig(**base)
@@ -243,32 +241,19 @@ async def test_the_node_of_a_worker_removed_mid_step(cluster, tmp_path):
         add_rollout_node(cluster)  # give the module its capacity back
 
 
-def test_a_driver_killed_with_sigkill_resumes_from_the_ledger(cluster, tmp_path):
-    run = tmp_path / "killed"
-    cmd = [sys.executable, str(HERE / "drive.py"), cluster.address, str(run), "3"]
-    env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
-    log = tmp_path / "driver.log"  # a file, not a pipe: nobody reads while it runs, and a full pipe blocks
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env)
+# The fixture runs this test's driver side by side with test_async_ray's (killed_drivers.py): the first of the
+# two tests to run waits for both (about 2 min on 2 idle cores).
+@pytest.mark.timeout(900)
+def test_a_driver_killed_with_sigkill_resumes_from_the_ledger(killed_drivers):
+    k = killed_drivers["sync"]  # 3 steps, killed once two episodes of step 1 were written
+    assert k.error is None, k.error
+    run, before = k.run, k.before
     traj = run / "trajectories.jsonl"
+    assert k.steps_before == [0]
+    done_before = k.done_before[1]
 
-    def step1_lines():
-        return [x for x in (traj.read_text().splitlines() if traj.exists() else []) if '"step":1' in x]
-
-    deadline = time.monotonic() + 400
-    while len(step1_lines()) < 2 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    before = traj.read_text().splitlines()
-    assert [r["step"] for r in read_metrics(run)] == [0]
-    with GroupLedger(run / "ledger.jsonl") as ledger:
-        done_before = ledger.counts(1)["done"]
-
-    out = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=600, env=env)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    assert "resumed" in out.stdout
+    assert k.returncode == 0, (k.stdout + k.stderr)[-3000:]
+    assert "resumed" in k.stdout
     assert traj.read_text().splitlines()[: len(before)] == before  # nothing finished was lost or rewritten
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [0, 1, 2]
