@@ -67,7 +67,7 @@ SECTIONS = [
     (
         "env_families",
         "`benchmarks/env_families.py`, `agentrl train`",
-        "reasoning-gym and textarena: episode throughput vs math-tir-arith-v0; a reasoning-gym default run",
+        "reasoning-gym, textarena, BFCL: episode throughput vs math-tir-arith-v0; a reasoning-gym train run",
     ),
 ]
 

@@ -2,9 +2,11 @@
 
 Each env plays scripted right episodes (no model: the env's cost alone, through SmolLM2's real tokenizer,
 chat template and audited rollout): math-tir-arith-v0 and ``reasoning-gym:chain_sum`` with the python tool
-(one sandboxed run, then the answer), ``reasoning-gym:chain_sum`` without it (one turn), and
-``textarena:TowerOfHanoi-v0`` (the 7 moves that win it). Rounds interleave the envs so that a change of the
-machine's load hits them alike; the ratio to math-tir-arith-v0 is the number to read.
+(one sandboxed run, then the answer), ``reasoning-gym:chain_sum`` without it (one turn),
+``textarena:TowerOfHanoi-v0`` (the 7 moves that win it) and ``bfcl-multi-turn-v0`` (a ``base`` task's ground
+truth: every user turn's calls against the task's backends, BFCL's checker after each). Rounds interleave
+the envs so that a change of the machine's load hits them alike; the ratio to math-tir-arith-v0 is the
+number to read.
 
     python benchmarks/env_families.py --rounds 3 --episodes 4
 """
@@ -29,6 +31,7 @@ ENVS: dict[str, tuple[str, dict[str, object]]] = {
     "reasoning-gym:chain_sum (python)": ("reasoning-gym:chain_sum", {"python": True}),
     "reasoning-gym:chain_sum": ("reasoning-gym:chain_sum", {}),
     "textarena:TowerOfHanoi-v0": ("textarena:TowerOfHanoi-v0", {}),
+    "bfcl-multi-turn-v0 (base)": ("bfcl-multi-turn-v0", {"category": "base"}),
 }
 
 
@@ -46,7 +49,10 @@ async def one_episode(name: str, seed: int, tokenizer: object, renderer: ChatRen
         _, info = await env.reset(seed=seed)
         turns = [[*tokenizer.encode(t), renderer.stop_token_ids[0]] for t in turns_for(env, info)]  # type: ignore[attr-defined]
         policy = ScriptedPolicy(turns, stop_ids=renderer.stop_token_ids)
-        config = RolloutConfig(max_turns=len(turns), max_new_tokens=128, max_total_tokens=4096, audit=True)
+        # BFCL's prompt alone is 2,500-5,400 tokens, and a ground-truth turn of calls can pass 128 tokens.
+        config = RolloutConfig(
+            max_turns=len(turns), max_new_tokens=max(map(len, turns)), max_total_tokens=32768, audit=True
+        )
         start = time.perf_counter()
         trajectory = await run_episode(env, policy, renderer, config, seed=seed)
         return time.perf_counter() - start, trajectory.reward
