@@ -11,6 +11,7 @@ sandbox. The docker and e2b SDKs are imported only when those backends start. Se
 from agentrl.execution import ExecResult, Limits
 from agentrl.types import ToolStatus
 
+from ._cgroup import release as release_cgroups
 from .docker import DockerSandbox
 from .e2b import E2BSandbox
 from .local import LIMIT_NAMES, LocalSandbox, self_test
@@ -31,5 +32,6 @@ __all__ = [
     "SandboxedProcess",
     "SelfTestReport",
     "ToolStatus",
+    "release_cgroups",
     "self_test",
 ]
