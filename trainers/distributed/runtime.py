@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -129,7 +131,23 @@ def connect(address: str, cfg: TrainConfig, opts: RayOptions) -> bool:
         ray.init(address=address, log_to_driver=False)
     else:
         raise ConfigError(f"--ray {address!r}: give local, auto, ray://host:port or a head's host:port")
+    _keep_signal_handlers()
     return True
+
+
+def _keep_signal_handlers() -> None:
+    """Give SIGTERM and SIGINT back to Python after ``ray.init``.
+
+    ``ray.init`` installs Ray's crash handler for SIGTERM at the C level, over Python's: a driver sent SIGTERM
+    then dumped a stack and aborted (exit -6) instead of running the trainer's handler (stop after the step,
+    save a checkpoint, print the resume command). Re-registering Python's own handlers puts Python's C-level
+    hook back; the handlers themselves (the event loop's, or the default) are unchanged."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set handlers; nothing was set from here
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        handler = signal.getsignal(sig)
+        if handler is not None:
+            signal.signal(sig, handler)
 
 
 def _check_resources(ray: Any, cfg: TrainConfig) -> None:
@@ -232,9 +250,28 @@ class RayRuntime:
         )
         for _ in range(dep.rollout_workers):
             self._spawn_worker()
-        await asyncio.gather(*(w.where.remote() for w in self.workers.values()))  # all alive before leasing
-        self._busy = dict.fromkeys(self.workers, 0)
+        await self._workers_up()
         await self._publish(self._start)
+
+    async def _workers_up(self) -> None:
+        """Wait for the first workers to answer. One that dies while it starts (killed, its node gone) is
+        replaced like a worker that dies later, instead of failing the run's start; one whose own setup
+        raised (Ray's ``actor_init_failed``) fails it with that error."""
+        from ray.exceptions import RayActorError
+
+        names = list(self.workers)
+        answers = await asyncio.gather(
+            *(self.workers[n].where.remote() for n in names), return_exceptions=True
+        )
+        for a in answers:
+            if isinstance(a, BaseException) and not (
+                isinstance(a, RayActorError) and not getattr(a, "actor_init_failed", False)
+            ):
+                raise a
+        self._busy = {n: 0 for n, a in zip(names, answers, strict=True) if not isinstance(a, BaseException)}
+        for n, a in zip(names, answers, strict=True):
+            if isinstance(a, BaseException):
+                self._replace_worker(n)
 
     def _spawn_worker(self) -> str:
         name = f"worker-{self._worker_count}"
