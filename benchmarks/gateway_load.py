@@ -238,6 +238,12 @@ def check(outcomes: list[Outcome], store_path: Path, tokenizer: Any) -> dict[str
     for o in outcomes:
         trajs = by_sid.pop(o.sid, [])
         if o.kind == "normal":
+            expired = "session_expired" in o.error and o.statuses[-1] == 409
+            if expired and len(trajs) == 1 and trajs[0].stop_reason.value == "cancelled":
+                # The idle timeout closed it between two of its requests (told with a 409 and recorded as
+                # cancelled): accounted for, not lost, but counted apart.
+                kinds["expired"] += 1
+                continue
             if not o.finished or len(trajs) != 1:
                 problems.append(
                     f"{o.sid}: finished={o.finished} {o.error!r}, {len(trajs)} trajectories (lost)"
@@ -403,7 +409,9 @@ def markdown(res: dict[str, Any]) -> str:
             f"Sessions: {kinds.get('finished', 0)} finished, each one trainable "
             "trajectory with only its own word;",
             f"{kinds.get('cancelled', 0)} cut off (mid-stream or after a malformed body) and recorded as",
-            f"`cancelled`; {kinds.get('refused', 0)} refused at their first request (400, nothing recorded).",
+            f"`cancelled`; {kinds.get('refused', 0)} refused at their first request (400, nothing recorded);",
+            f"{kinds.get('expired', 0)} normal sessions closed by the idle timeout between two of their"
+            " requests (answered 409 `session_expired`, recorded as `cancelled`).",
             f"Verdict: {verdict}.",
             "",
         ]
