@@ -94,3 +94,27 @@ def test_a_three_minute_chaos_soak_loses_and_duplicates_nothing(tmp_path):
     assert res["steps"] >= 3 and res["driver"]["crashes"] == 0
     assert res["orphans"] == {"processes": 0, "cgroups": 0, "sandbox_cgroups": 0}
     assert proc.returncode == 0
+
+
+def test_a_group_given_up_by_the_ledger_still_ends_as_a_group_of_infra_failures(tmp_path):
+    # The Ray runtime's answer to a group whose every attempt failed (the soak found the trainer crashing on a
+    # group that never came back): one member per episode, ids of the last attempt, the ledger's reason kept.
+    from agentrl import JsonlStore, TrajectoryGroup, read_trajectories
+    from agentrl.trainers.distributed.ledger import GroupState, LedgerEntry
+    from agentrl.trainers.distributed.runtime import _given_up
+    from agentrl.types import TrajectoryMeta
+
+    entry = LedgerEntry(3, 17, GroupState.DROPPED, 3, reason="worker-1 died: ActorDiedError (3 attempts)")
+    trajs = _given_up(entry, 2, TrajectoryMeta(env_id="math-tir-arith-v0", step=3))
+    group = TrajectoryGroup(trajs)
+    assert group.task_id == "math-tir-arith-v0:17" and group.usable() is None
+    assert [t.meta.episode_id for t in trajs] == ["s3-t17-a2-m0", "s3-t17-a2-m1"]
+    assert all(t.infra_failure and "3 attempts" in t.errors[0].message for t in trajs)
+    store = JsonlStore(tmp_path / "t.jsonl")
+    for t in trajs:
+        store.append(t)
+    store.close()
+    assert [t.meta.episode_id for t in read_trajectories(tmp_path / "t.jsonl")] == [
+        "s3-t17-a2-m0",
+        "s3-t17-a2-m1",
+    ]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import re
 import signal
 import threading
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import ConfigError, InfraError, removed_arguments
 from agentrl.groups import TrajectoryGroup
-from agentrl.rollout import EpisodeDone
+from agentrl.rollout import EpisodeDone, task_id
 from agentrl.run import RunDir
 from agentrl.staleness import StepOutcome
 from agentrl.trainers.distributed.actors import (
@@ -48,10 +49,10 @@ from agentrl.trainers.distributed.actors import (
     hf_policy_factory,
 )
 from agentrl.trainers.distributed.learner import LearnerActor, shard_groups
-from agentrl.trainers.distributed.ledger import LEDGER_FILE, GroupKey, GroupLedger
+from agentrl.trainers.distributed.ledger import LEDGER_FILE, GroupKey, GroupLedger, GroupState, LedgerEntry
 from agentrl.trainers.distributed.weights import WeightBroker, WeightRef, make_transport
 from agentrl.trainers.evaluate import EvalReport
-from agentrl.types import TrajectoryMeta
+from agentrl.types import EpisodeFailure, StopReason, Trajectory, TrajectoryMeta
 
 if TYPE_CHECKING:
     from agentrl.trainers.train_setup import TrainConfig
@@ -346,12 +347,22 @@ class RayRuntime:
         slots = max(1, -(-self.cfg.rollout.concurrency // group_size)) + 1
         busy = self._busy
         running: dict[asyncio.Future[Any], tuple[GroupKey, str, str, Any]] = {}
+        given_up: set[GroupKey] = set()
 
         try:
             while True:
                 for e in self.ledger.expired():
                     if e.key in keys:
                         self.ledger.release(e.key, e.group_id, f"lease expired on {e.worker}")
+                # A group the ledger dropped after its last attempt still ends as a group (the runtime seam's
+                # contract: one per seed), its members recorded as infrastructure failures with the ledger's
+                # reason, which the trainer drops and never trains on.
+                for k in sorted(keys - given_up):
+                    if self.ledger.entries[k].state is GroupState.DROPPED:
+                        given_up.add(k)
+                        trajs = _given_up(self.ledger.entries[k], group_size, meta)
+                        for i, t in enumerate(trajs):
+                            yield EpisodeDone(t, TrajectoryGroup(trajs) if i == len(trajs) - 1 else None)
                 # Each lease goes to the worker with the fewest groups in flight (ties by name), so a step of
                 # a few groups spreads over the workers instead of filling the first one's slots.
                 while free := [n for n in busy if busy[n] < slots]:
@@ -527,6 +538,31 @@ class RayRuntime:
         await asyncio.gather(
             *(lrn.save_checkpoint.remote(str(run.path), step, keep) for lrn in self.learners)
         )
+
+
+def _given_up(entry: LedgerEntry, group_size: int, meta: TrajectoryMeta) -> tuple[Trajectory, ...]:
+    """The members of a group dropped after its last attempt failed (its workers died, or raised): empty
+    trajectories that record why, as infrastructure failures (never trained on, never reward 0)."""
+    base = dataclasses.replace(
+        meta,
+        seed=entry.seed,
+        task_id=task_id(meta.env_id, entry.seed),
+        group_id=entry.group_id,
+    )
+    failure = EpisodeFailure("GroupGivenUp", entry.reason, -1, True)
+    return tuple(
+        Trajectory(
+            token_ids=(),
+            loss_mask=(),
+            logprobs=(),
+            segments=(),
+            messages=(),
+            stop_reason=StopReason.ENV_ERROR,
+            errors=(failure,),
+            meta=dataclasses.replace(base, episode_id=f"{entry.group_id}-m{m}"),
+        )
+        for m in range(group_size)
+    )
 
 
 @contextlib.asynccontextmanager
