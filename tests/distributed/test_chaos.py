@@ -9,6 +9,7 @@ The invariant checker itself is tested on small hand-made ledgers: it must catch
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -118,3 +119,36 @@ def test_a_group_given_up_by_the_ledger_still_ends_as_a_group_of_infra_failures(
         "s3-t17-a2-m0",
         "s3-t17-a2-m1",
     ]
+
+
+SIGTERM_SCRIPT = """
+import asyncio, os, signal
+from agentrl.trainers.distributed.runtime import RayOptions, connect
+from agentrl.trainers.train_setup import DeployConfig, TrainConfig
+
+async def main():
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)  # as pg.train does
+    connect("local", TrainConfig(model="tiny", deploy=DeployConfig(ray="local")), RayOptions(local_cpus=1))
+    os.kill(os.getpid(), signal.SIGTERM)
+    await asyncio.wait_for(stop.wait(), 30)
+    print("the trainer's handler ran")
+    import ray
+    ray.shutdown()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_sigterm_reaches_the_trainers_handler_after_ray_init(tmp_path):
+    # Found by the soak: ray.init replaced the driver's SIGTERM handler (exit 15, or its crash handler: -6).
+    pytest.importorskip("ray", reason="needs the ray extra")
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    out = subprocess.run(
+        [sys.executable, "-c", SIGTERM_SCRIPT], capture_output=True, text=True, timeout=240, env=env
+    )
+    assert out.returncode == 0 and "the trainer's handler ran" in out.stdout, (
+        out.stdout[-2000:] + out.stderr[-2000:]
+    )

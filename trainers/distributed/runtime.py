@@ -119,6 +119,7 @@ def connect(address: str, cfg: TrainConfig, opts: RayOptions) -> bool:
     ray = require_ray()
     if ray.is_initialized():
         return False
+    handlers = _signal_handlers()
     dep = cfg.deploy
     if address == "local":
         res = {
@@ -132,21 +133,25 @@ def connect(address: str, cfg: TrainConfig, opts: RayOptions) -> bool:
         ray.init(address=address, log_to_driver=False)
     else:
         raise ConfigError(f"--ray {address!r}: give local, auto, ray://host:port or a head's host:port")
-    _keep_signal_handlers()
+    _restore_signal_handlers(handlers)
     return True
 
 
-def _keep_signal_handlers() -> None:
-    """Give SIGTERM and SIGINT back to Python after ``ray.init``.
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    ``ray.init`` installs Ray's crash handler for SIGTERM at the C level, over Python's: a driver sent SIGTERM
-    then dumped a stack and aborted (exit -6) instead of running the trainer's handler (stop after the step,
-    save a checkpoint, print the resume command). Re-registering Python's own handlers puts Python's C-level
-    hook back; the handlers themselves (the event loop's, or the default) are unchanged."""
+
+def _signal_handlers() -> dict[int, Any]:
+    """This process's Python handlers of SIGTERM and SIGINT (the trainer's), before ``ray.init``."""
     if threading.current_thread() is not threading.main_thread():
-        return  # only the main thread may set handlers; nothing was set from here
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        handler = signal.getsignal(sig)
+        return {}  # only the main thread may set handlers
+    return {sig: signal.getsignal(sig) for sig in _SIGNALS}
+
+
+def _restore_signal_handlers(handlers: dict[int, Any]) -> None:
+    """Put back the handlers ``ray.init`` replaced: it sets a SIGTERM handler of its own (exit 15) and its
+    crash handler at the C level, so a driver sent SIGTERM died without the trainer's stop (checkpoint, the
+    resume command). Setting the saved Python handlers again restores both levels."""
+    for sig, handler in handlers.items():
         if handler is not None:
             signal.signal(sig, handler)
 
@@ -392,7 +397,10 @@ class RayRuntime:
                     try:
                         result: GroupResult = fut.result()
                     except RayTaskError as err:  # the worker is alive but raised (a call of its own failed)
-                        self.ledger.release(key, gid, f"{name} failed: {str(err).splitlines()[0]}"[:300])
+                        # The exception itself, not Ray's header line (which names only the method and pid).
+                        cause = getattr(err, "cause", None) or err
+                        why = f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[-1]}"
+                        self.ledger.release(key, gid, f"{name} failed: {why}"[:300])
                         continue
                     except RayActorError as err:
                         self.ledger.release(key, gid, f"{name} died: {type(err).__name__}")
