@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -154,3 +155,5 @@ class Cluster:
         while time.monotonic() < deadline and (pids := self.processes(proc_table())):
             time.sleep(0.2)
         kill(pids)
+        for d in (self.head_dir, self.node_dir):
+            shutil.rmtree(d, ignore_errors=True)
