@@ -363,8 +363,10 @@ def summarize(
     injected = sum(v["injected"] for v in by_kind.values())
     survived = sum(v["survived"] for v in by_kind.values())
     problems = list(checks["problems"])
-    if left["processes"] or left["cgroups"]:
-        problems.append(f"orphans left: {len(left['processes'])} processes, {len(left['cgroups'])} cgroups")
+    if left["processes"]:
+        problems.append(f"orphans left: {len(left['processes'])} sandbox processes")
+    # Empty cgroup folders of killed workers (no process inside) are reported, not failed: a killed worker's
+    # groups are removed only by the next probe or close on its node (docs/reliability.md).
     if soak.crashes:
         problems.append(f"the driver crashed {len(soak.crashes)} times")
     if survived < injected:
