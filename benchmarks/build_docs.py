@@ -37,7 +37,18 @@ SECTIONS = [
         "`benchmarks/gateway.py --apis`",
         "chat completions vs Responses vs Anthropic Messages, per turn (target ≤ 1.2x)",
     ),
+    (
+        "gateway_load",
+        "`benchmarks/gateway.py --load`",
+        "256 concurrent sessions, disconnects and malformed bodies: turn p50/p99, sessions/s, RSS, none lost",
+    ),
     ("scale", "`benchmarks/scale.py`", "episodes/s with 1, 2, 4 Ray rollout workers (target ≥ 1.8x at 2)"),
+    (
+        "chaos",
+        "`benchmarks/chaos.py`",
+        "`agentrl train --ray` on a 2-node cluster under a fault every 30 s: "
+        "faults survived, lost, duplicated",
+    ),
     (
         "async",
         "`benchmarks/async_overlap.py`",

@@ -17,6 +17,7 @@ Target (issue 16): <= 2 ms p50 overhead per request on 2 cores.
     .venv/bin/python benchmarks/gateway.py            # writes docs/benchmarks/gateway.md
     .venv/bin/python benchmarks/gateway.py --quick
     .venv/bin/python benchmarks/gateway.py --apis     # the APIs side by side: docs/benchmarks/gateway_apis.md
+    .venv/bin/python benchmarks/gateway.py --load     # 256 sessions at once: docs/benchmarks/gateway_load.md
 """
 
 from __future__ import annotations
@@ -395,6 +396,11 @@ async def native(renderer: Any, episodes: int) -> float:
 
 # ------------------------------------------------------------------------------------------------ main
 def main() -> None:
+    if "--load" in sys.argv[1:]:  # the load test (benchmarks/gateway_load.py) takes its own options
+        sys.path.insert(0, str(Path(__file__).parent))
+        import gateway_load
+
+        sys.exit(gateway_load.main([a for a in sys.argv[1:] if a != "--load"]))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -402,6 +408,11 @@ def main() -> None:
         "--apis",
         action="store_true",
         help="only compare the three APIs (chat completions, Responses, Anthropic Messages) side by side",
+    )
+    ap.add_argument(
+        "--load",
+        action="store_true",
+        help="256 concurrent sessions, disconnects, malformed bodies (benchmarks/gateway_load.py --help)",
     )
     ap.add_argument("--out", default=str(Path(__file__).parent.parent / "docs/benchmarks/gateway.md"))
     args = ap.parse_args()

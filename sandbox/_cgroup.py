@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Cgroup", "CgroupManager", "manager"]
+__all__ = ["Cgroup", "CgroupManager", "manager", "release"]
 
 log = logging.getLogger(__name__)
 
@@ -328,8 +328,27 @@ class CgroupManager:
         for d in self.parents.values():
             _remove_tree(d)
 
+    def release(self) -> None:
+        """Remove this process's groups (its sandboxes are closed by now) and the empty ones that dead
+        agentrl processes left beside them; a later sandbox probes afresh."""
+        bases = {d.parent for d in self.parents.values()}
+        self.cleanup()
+        for base in bases:
+            self._sweep(base)
+        self._probed, self.version, self.parents = False, 0, {}
+
 
 _manager: CgroupManager | None = None
+
+
+def release() -> None:
+    """Remove this process's sandbox cgroups now, and those dead agentrl processes left beside them.
+
+    The groups are otherwise removed at exit (``atexit``), which a process killed outright never runs: a Ray
+    actor stopped with ``ray.kill`` (a rollout worker at the end of a run) calls this first, after closing
+    its sandboxes. A group that still holds a process stays."""
+    if _manager is not None and _manager.version:
+        _manager.release()
 
 
 def manager() -> CgroupManager:

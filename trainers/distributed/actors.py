@@ -348,9 +348,13 @@ class RolloutWorker:
         return self._agent
 
     async def close(self) -> None:
-        """Close the sandbox pool and the gateway."""
+        """Close the sandbox pool and the gateway, and remove the pool's cgroups (the controller kills this
+        actor next, which skips the cleanup at exit)."""
         if self._pool is not None:
+            from agentrl.sandbox import release_cgroups
+
             await self._pool.close()
+            release_cgroups()
         if self._agent is not None:
             await self._agent.gateway.__aexit__(None, None, None)
 

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import re
+import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -31,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import ConfigError, InfraError, removed_arguments
 from agentrl.groups import TrajectoryGroup
-from agentrl.rollout import EpisodeDone
+from agentrl.rollout import EpisodeDone, task_id
 from agentrl.run import RunDir
 from agentrl.staleness import RuntimeVersions, StepOutcome
 from agentrl.trainers.distributed.actors import (
@@ -46,10 +49,10 @@ from agentrl.trainers.distributed.actors import (
     hf_policy_factory,
 )
 from agentrl.trainers.distributed.learner import LearnerActor, shard_groups
-from agentrl.trainers.distributed.ledger import GroupKey, GroupLedger
+from agentrl.trainers.distributed.ledger import GroupKey, GroupLedger, GroupState, LedgerEntry
 from agentrl.trainers.distributed.weights import WeightBroker, WeightRef, make_transport
 from agentrl.trainers.evaluate import EvalReport
-from agentrl.types import TrajectoryMeta
+from agentrl.types import EpisodeFailure, StopReason, Trajectory, TrajectoryMeta
 
 if TYPE_CHECKING:
     from agentrl.trainers.train_config import TrainConfig
@@ -116,6 +119,7 @@ def connect(address: str, cfg: TrainConfig, opts: RayOptions) -> bool:
     ray = require_ray()
     if ray.is_initialized():
         return False
+    handlers = _signal_handlers()
     dep = cfg.deploy
     if address == "local":
         res = {
@@ -129,7 +133,27 @@ def connect(address: str, cfg: TrainConfig, opts: RayOptions) -> bool:
         ray.init(address=address, log_to_driver=False)
     else:
         raise ConfigError(f"--ray {address!r}: give local, auto, ray://host:port or a head's host:port")
+    _restore_signal_handlers(handlers)
     return True
+
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _signal_handlers() -> dict[int, Any]:
+    """This process's Python handlers of SIGTERM and SIGINT (the trainer's), before ``ray.init``."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}  # only the main thread may set handlers
+    return {sig: signal.getsignal(sig) for sig in _SIGNALS}
+
+
+def _restore_signal_handlers(handlers: dict[int, Any]) -> None:
+    """Put back the handlers ``ray.init`` replaced: it sets a SIGTERM handler of its own (exit 15) and its
+    crash handler at the C level, so a driver sent SIGTERM died without the trainer's stop (checkpoint, the
+    resume command). Setting the saved Python handlers again restores both levels."""
+    for sig, handler in handlers.items():
+        if handler is not None:
+            signal.signal(sig, handler)
 
 
 def _check_resources(ray: Any, cfg: TrainConfig) -> None:
@@ -233,9 +257,28 @@ class RayRuntime(RuntimeVersions):
         )
         for _ in range(dep.rollout_workers):
             self._spawn_worker()
-        await asyncio.gather(*(w.where.remote() for w in self.workers.values()))  # all alive before leasing
-        self._busy = dict.fromkeys(self.workers, 0)
+        await self._workers_up()
         await self._publish(self._start)
+
+    async def _workers_up(self) -> None:
+        """Wait for the first workers to answer. One that dies while it starts (killed, its node gone) is
+        replaced like a worker that dies later, instead of failing the run's start; one whose own setup
+        raised (Ray's ``actor_init_failed``) fails it with that error."""
+        from ray.exceptions import RayActorError
+
+        names = list(self.workers)
+        answers = await asyncio.gather(
+            *(self.workers[n].where.remote() for n in names), return_exceptions=True
+        )
+        for a in answers:
+            if isinstance(a, BaseException) and not (
+                isinstance(a, RayActorError) and not getattr(a, "actor_init_failed", False)
+            ):
+                raise a
+        self._busy = {n: 0 for n, a in zip(names, answers, strict=True) if not isinstance(a, BaseException)}
+        for n, a in zip(names, answers, strict=True):
+            if isinstance(a, BaseException):
+                self._replace_worker(n)
 
     def _spawn_worker(self) -> str:
         name = f"worker-{self._worker_count}"
@@ -301,12 +344,22 @@ class RayRuntime(RuntimeVersions):
         slots = max(1, -(-self.cfg.rollout.concurrency // group_size)) + 1
         busy = self._busy
         running: dict[asyncio.Future[Any], tuple[GroupKey, str, str, Any]] = {}
+        given_up: set[GroupKey] = set()
 
         try:
             while True:
                 for e in self.ledger.expired():
                     if e.key in keys:
                         self.ledger.release(e.key, e.group_id, f"lease expired on {e.worker}")
+                # A group the ledger dropped after its last attempt still ends as a group (the runtime seam's
+                # contract: one per seed), its members recorded as infrastructure failures with the ledger's
+                # reason, which the trainer drops and never trains on.
+                for k in sorted(keys - given_up):
+                    if self.ledger.entries[k].state is GroupState.DROPPED:
+                        given_up.add(k)
+                        trajs = _given_up(self.ledger.entries[k], group_size, meta)
+                        for i, t in enumerate(trajs):
+                            yield EpisodeDone(t, TrajectoryGroup(trajs) if i == len(trajs) - 1 else None)
                 # Each lease goes to the worker with the fewest groups in flight (ties by name), so a step of
                 # a few groups spreads over the workers instead of filling the first one's slots.
                 while free := [n for n in busy if busy[n] < slots]:
@@ -336,7 +389,10 @@ class RayRuntime(RuntimeVersions):
                     try:
                         result: GroupResult = fut.result()
                     except RayTaskError as err:  # the worker is alive but raised (a call of its own failed)
-                        self.ledger.release(key, gid, f"{name} failed: {str(err).splitlines()[0]}"[:300])
+                        # The exception itself, not Ray's header line (which names only the method and pid).
+                        cause = getattr(err, "cause", None) or err
+                        why = f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[-1]}"
+                        self.ledger.release(key, gid, f"{name} failed: {why}"[:300])
                         continue
                     except RayActorError as err:
                         self.ledger.release(key, gid, f"{name} died: {type(err).__name__}")
@@ -478,6 +534,31 @@ class RayRuntime(RuntimeVersions):
         await asyncio.gather(
             *(lrn.save_checkpoint.remote(str(run.path), step, keep) for lrn in self.learners)
         )
+
+
+def _given_up(entry: LedgerEntry, group_size: int, meta: TrajectoryMeta) -> tuple[Trajectory, ...]:
+    """The members of a group dropped after its last attempt failed (its workers died, or raised): empty
+    trajectories that record why, as infrastructure failures (never trained on, never reward 0)."""
+    base = dataclasses.replace(
+        meta,
+        seed=entry.seed,
+        task_id=task_id(meta.env_id, entry.seed),
+        group_id=entry.group_id,
+    )
+    failure = EpisodeFailure("GroupGivenUp", entry.reason, -1, True)
+    return tuple(
+        Trajectory(
+            token_ids=(),
+            loss_mask=(),
+            logprobs=(),
+            segments=(),
+            messages=(),
+            stop_reason=StopReason.ENV_ERROR,
+            errors=(failure,),
+            meta=dataclasses.replace(base, episode_id=f"{entry.group_id}-m{m}"),
+        )
+        for m in range(group_size)
+    )
 
 
 @contextlib.asynccontextmanager
