@@ -170,7 +170,8 @@ def _chunk_stats(
 
 def _rowdot(a_C_V: torch.Tensor, b_C_V: torch.Tensor) -> torch.Tensor:
     """Σ_v a[c, v] · b[c, v] per row, without a [C, V] product in memory."""
-    return torch.linalg.vecdot(a_C_V, b_C_V)
+    out: torch.Tensor = torch.linalg.vecdot(a_C_V, b_C_V)
+    return out
 
 
 def forward_logprobs(
