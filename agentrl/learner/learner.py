@@ -325,8 +325,8 @@ class Learner:
 
     def _saved_tokens(self) -> int:
         """Scored tokens per micro-batch whose LM-head chunks keep their log-softmax for backward instead of
-        being checkpointed (:func:`forward_logprobs`): on CPU a micro-batch's worth
-        (:data:`~agentrl.learner.sizing.CPU_SAVED_TOKENS`), on other devices none (their chunk is sized from
+        being checkpointed (:func:`forward_logprobs`): on CPU
+        :data:`~agentrl.learner.sizing.CPU_SAVED_TOKENS`, on other devices none (their chunk is sized from
         the free memory for checkpointed chunks)."""
         return CPU_SAVED_TOKENS if self.device.type == "cpu" else 0
 
