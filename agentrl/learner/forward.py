@@ -2,7 +2,9 @@
 
 The vocabulary projection is applied to the final hidden states ``chunk_size`` tokens at a time and only
 where a value is needed (model tokens), so no [T, V] fp32 tensor exists; with gradients each chunk is
-checkpointed (its logits are recomputed in backward), keeping the extra memory O(chunk_size × V).
+checkpointed (its logits are recomputed in backward), keeping the extra memory O(chunk_size × V). The first
+``saved_tokens`` tokens' chunks may instead keep their log-softmax for backward (no recomputation of the LM
+head: one [chunk, V] product fewer per chunk, for ``saved_tokens × V × 4`` bytes held until backward).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class ForwardOutput:
     sum_pi_squared_B_T: torch.Tensor | None
     """Σ_v π(v)² of the distribution that produced token t (no grad); None unless requested."""
     entropy_B_T: torch.Tensor | None
-    """Entropy of that distribution (differentiable); None unless requested."""
+    """Entropy of that distribution (differentiable unless ``entropy_grad=False``); None unless requested."""
 
 
 def _head_parts(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
@@ -130,8 +132,10 @@ def _chunk_stats(
     temperature: float,
     want_spi2: bool,
     want_entropy: bool,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Compute log π(target), Σπ² (detached) and entropy for one chunk of hidden states (or logits)."""
+    """Compute log π(target), Σπ² (detached) and entropy (detached unless ``entropy_grad``) for one chunk of
+    hidden states (or logits)."""
     z = to_logits(h)
     z = z.to(torch.float64 if z.dtype == torch.float64 else torch.float32)
     if temperature != 1.0:
@@ -145,17 +149,29 @@ def _chunk_stats(
     if not torch.is_grad_enabled():
         # Scoring: reuse the log-softmax buffer in place (one [C, V] fp32 buffer per chunk).
         if want_entropy:
-            ent = -(logp_all.exp() * logp_all).sum(dim=-1)
+            ent = -_rowdot(logp_all.exp(), logp_all)
         if want_spi2:
-            spi2 = logp_all.exp_().square_().sum(dim=-1)
+            q = logp_all.exp_()
+            spi2 = _rowdot(q, q)
     elif want_spi2 or want_entropy:
-        p = logp_all.exp()
-        if want_spi2:
-            with torch.no_grad():
-                spi2 = p.detach().square().sum(dim=-1)
-        if want_entropy:
+        p = logp_all.exp() if want_entropy and entropy_grad else None
+        if p is not None:
             ent = -(p * logp_all).sum(dim=-1)
+        with torch.no_grad():
+            # Reads of the log-softmax only: nothing here is kept for backward, so an entropy that is a metric
+            # alone costs no backward pass over [C, V].
+            q = p.detach() if p is not None else logp_all.detach().exp()
+            if want_entropy and p is None:
+                ent = -_rowdot(q, logp_all.detach())
+            if want_spi2:
+                spi2 = _rowdot(q, q)
     return lp, spi2, ent
+
+
+def _rowdot(a_C_V: torch.Tensor, b_C_V: torch.Tensor) -> torch.Tensor:
+    """Σ_v a[c, v] · b[c, v] per row, without a [C, V] product in memory."""
+    out: torch.Tensor = torch.linalg.vecdot(a_C_V, b_C_V)
+    return out
 
 
 def forward_logprobs(
@@ -169,6 +185,8 @@ def forward_logprobs(
     with_entropy: bool = False,
     token_mask_B_T: torch.Tensor | None = None,
     position_ids_B_T: torch.Tensor | None = None,
+    entropy_grad: bool = True,
+    saved_tokens: int = 0,
 ) -> ForwardOutput:
     """One forward pass → per-token log-probs of the next token (and Σπ², entropy), chunked over
     tokens.
@@ -186,6 +204,11 @@ def forward_logprobs(
     Packed rows (:func:`agentrl.batch.pack_rows`) pass ``position_ids_B_T``: several sequences share a row,
     positions restart at 0 at each one's start, and values are computed where the position is not 0 (the
     first token of a sequence has no prediction). Only for models where :func:`packing_supported` holds.
+
+    ``entropy_grad=False`` returns the entropy detached (a metric: no backward work for it). With grad,
+    chunks that start within the first ``saved_tokens`` computed tokens are not checkpointed: their
+    log-softmax is kept for backward (about ``(saved_tokens + chunk_size) × V × 4`` bytes at most) instead of
+    recomputing the chunk's LM-head product in backward. Values and gradients are the same either way.
     """
     if input_ids_B_T.dim() != 2 or attention_mask_B_T.shape != input_ids_B_T.shape:
         raise ConfigError(
@@ -196,6 +219,8 @@ def forward_logprobs(
         raise ConfigError(f"temperature must be > 0, got {temperature}")
     if chunk_size < 1:
         raise ConfigError(f"chunk_size must be >= 1, got {chunk_size}")
+    if saved_tokens < 0:
+        raise ConfigError(f"saved_tokens must be >= 0, got {saved_tokens}")
     B, T = input_ids_B_T.shape
     dev = input_ids_B_T.device
     if position_ids_B_T is not None and position_ids_B_T.shape != input_ids_B_T.shape:
@@ -218,8 +243,8 @@ def forward_logprobs(
     lps, spis, ents = [], [], []
     for s in range(0, int(idx.numel()), chunk_size):
         h, tg = flat_h[s : s + chunk_size], flat_tgt[s : s + chunk_size]
-        args = (h, tg, to_logits, temperature, with_sum_pi_squared, with_entropy)
-        if grad:
+        args = (h, tg, to_logits, temperature, with_sum_pi_squared, with_entropy, entropy_grad)
+        if grad and s >= saved_tokens:
             lp, spi2, ent = checkpoint(_chunk_stats, *args, use_reentrant=False)
         else:
             lp, spi2, ent = _chunk_stats(*args)

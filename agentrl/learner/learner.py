@@ -37,7 +37,7 @@ from agentrl.learner.distributed import all_reduce_floats, world_size
 from agentrl.learner.forward import ForwardOutput, forward_logprobs, packing_support
 from agentrl.learner.losses import kl_k3, policy_loss
 from agentrl.learner.optim_step import UpdateStats, measured_step
-from agentrl.learner.sizing import LearnerSizes, ModelShape, device_sizes
+from agentrl.learner.sizing import CPU_SAVED_TOKENS, LearnerSizes, ModelShape, device_sizes
 
 log = logging.getLogger(__name__)
 _TOLD_NO_PACKING: weakref.WeakSet[nn.Module] = weakref.WeakSet()
@@ -323,7 +323,16 @@ class Learner:
             return plan_packed_micro_batches(lengths, self._budget(), one_row=one_row)
         return [[[i] for i in rows] for rows in plan_micro_batches(lengths, self._budget())]
 
-    def _forward(self, model: nn.Module, mb: PackedBatch, *, spi2: bool, entropy: bool) -> ForwardOutput:
+    def _saved_tokens(self) -> int:
+        """Scored tokens per micro-batch whose LM-head chunks keep their log-softmax for backward instead of
+        being checkpointed (:func:`forward_logprobs`): on CPU
+        :data:`~agentrl.learner.sizing.CPU_SAVED_TOKENS`, on other devices none (their chunk is sized from
+        the free memory for checkpointed chunks)."""
+        return CPU_SAVED_TOKENS if self.device.type == "cpu" else 0
+
+    def _forward(
+        self, model: nn.Module, mb: PackedBatch, *, spi2: bool, entropy: bool, entropy_grad: bool = False
+    ) -> ForwardOutput:
         packed = self._packs(model)
         with self._autocast():
             return forward_logprobs(
@@ -336,6 +345,8 @@ class Learner:
                 with_entropy=entropy,
                 token_mask_B_T=mb.loss_mask_B_T,
                 position_ids_B_T=mb.position_ids_B_T if packed else None,
+                entropy_grad=entropy_grad,
+                saved_tokens=self._saved_tokens() if torch.is_grad_enabled() else 0,
             )
 
     def _synced_plans(self, batch: TokenBatch, model: nn.Module) -> list[tuple[list[list[int]], bool]]:
@@ -528,7 +539,8 @@ class Learner:
         cfg = self.config
         w = w * (0.0 if dummy else 1.0)
         m = mb.loss_mask_B_T
-        out = self._forward(self.model, mb, spi2=False, entropy=True)
+        # The entropy is differentiated only when it is in the loss; otherwise it is a metric (no backward).
+        out = self._forward(self.model, mb, spi2=False, entropy=True, entropy_grad=cfg.entropy_coef > 0)
         lp = out.logprobs_B_T
         assert out.entropy_B_T is not None
         ent = out.entropy_B_T

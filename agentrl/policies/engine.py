@@ -35,7 +35,7 @@ from agentrl.errors import ConfigError, PolicyError
 from agentrl.models import cache_kwarg, keep_arg, keeps_logits_per_row, pick_kept
 from agentrl.policies.kvcache import KVSpec, PrefixMatch, PrefixTree, SlotCache, _common_prefix
 from agentrl.policies.packed import InferenceTwin, use_packed
-from agentrl.policies.sampling import nucleus
+from agentrl.policies.sampling import exponential_race, new_noise_buffer, nucleus
 from agentrl.protocols import FinishReason, Generation, Sampling
 
 __all__ = ["DEFAULT_CACHE_BYTES", "EngineRequest", "EngineStats", "GenerationEngine", "nucleus"]
@@ -194,6 +194,7 @@ class GenerationEngine:
         else:
             self._rng.seed()
         self._slots = SlotCache(self.spec, max_batch_size)
+        self._noise: torch.Tensor | None = None  # the sampler's noise, kept across steps (sampling.py)
         self._tree = PrefixTree(cache_bytes)
         self._rows: list[_Row] = []
         self._waiting: collections.deque[EngineRequest] = collections.deque()
@@ -299,6 +300,7 @@ class GenerationEngine:
         memory back; the packs are rebuilt at the next step."""
         with self.lock:
             self._tree.clear()
+            self._noise = None
             if self._twin is not None:
                 self._twin.drop()
             if not self._rows:
@@ -549,25 +551,12 @@ class GenerationEngine:
 
     # -- sampling and retirement -------------------------------------------------------------------
     def _sample(self, rows: list[_Row], logits_B_V: torch.Tensor) -> None:
-        dev = logits_B_V.device
-        temps_B = torch.tensor(
-            [row.req.sampling.temperature for row in rows], dtype=torch.float32, device=dev
+        if self._noise is None or self._noise.device != logits_B_V.device:
+            self._noise = new_noise_buffer(self.max_batch_size, logits_B_V)
+        toks, lps = exponential_race(
+            logits_B_V, [row.req.sampling for row in rows], [row.req.rng for row in rows], self._noise
         )
-        logp_B_V = torch.log_softmax(logits_B_V.float() / temps_B[:, None], dim=-1)
-        for b, row in enumerate(rows):
-            if row.req.sampling.top_p < 1.0:
-                logp_B_V[b] = nucleus(logp_B_V[b], row.req.sampling.top_p)
-        # Exponential race (Gumbel-max): argmax(logp - log E) with E ~ Exp(1) from the request's own stream
-        # samples exactly from softmax(logp), and unlike an inverse CDF a tiny change of the logits (another
-        # batch shape) flips the choice only if the two best scores are within that change.
-        u_B_V = torch.empty_like(logp_B_V)
-        for b, row in enumerate(rows):
-            u_B_V[b].uniform_(generator=row.req.rng)  # ~4x cheaper than exponential_ on CPU
-        tiny = torch.finfo(u_B_V.dtype).tiny
-        exp_B_V = u_B_V.clamp_(min=tiny).log_().neg_().clamp_(min=tiny)  # E = -log U ~ Exp(1)
-        tok_B_1 = (logp_B_V - exp_B_V.log_()).argmax(dim=-1, keepdim=True)
-        lp_B = logp_B_V.gather(1, tok_B_1).view(-1).tolist()
-        for row, tok, lp in zip(rows, tok_B_1.view(-1).tolist(), lp_B, strict=True):
+        for row, tok, lp in zip(rows, toks, lps, strict=True):
             req = row.req
             req.token_ids.append(tok)
             req.logprobs.append(lp)

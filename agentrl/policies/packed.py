@@ -21,8 +21,11 @@ Whether a pack pays depends on the CPU, not only on the shape: on the Intel host
 from, the packed product was 3-4x faster; on an AMD EPYC (Zen 4) host of the same kind MKL's packed GEMM
 was no faster for the LM head and 1.7x slower for the MLP's matrices, while the plain product (which
 ``model.generate`` uses) was twice as fast, so a twin packing every layer decoded at half the plain
-floor's speed (issue 46). :func:`pack_pays` therefore times both products once per weight shape in the
-process, and by default a twin packs only the layers whose shape measured faster packed.
+floor's speed (issue 46). :func:`best_kernel` therefore times the plain product against each packed one
+once per weight shape in the process, and by default a twin packs a layer only with a kernel measured
+faster for its shape. Two packings are tried: MKL's (above) and oneDNN's
+(``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``, the other packing torch's CPU compiler
+uses), whose kernels are chosen by instruction set rather than by CPU vendor.
 """
 
 from __future__ import annotations
@@ -39,13 +42,22 @@ from torch import nn
 
 from agentrl.errors import ConfigError
 
-__all__ = ["InferenceTwin", "pack_pays", "packed_linear_available", "use_packed"]
+__all__ = [
+    "KERNELS",
+    "InferenceTwin",
+    "available_kernels",
+    "best_kernel",
+    "pack_pays",
+    "packed_linear_available",
+    "use_packed",
+]
 
 PACK_ROWS = 16
 """Rows a pack is built for: decode batches of up to this many rows use it (padded to it)."""
 MIN_ROWS = 4
-"""Below this many rows the plain product is faster (MKL multiplies 1-3 rows as matrix-vector products
-without packing), so the pack is skipped."""
+"""Below this many rows the plain product is faster than MKL's pack (MKL multiplies 1-3 rows as
+matrix-vector products without packing), so an MKL pack is skipped; a oneDNN pack is used from one row (at
+1 row it was no slower than the plain product, issue 46)."""
 MAX_CHUNKS = 4
 """Inputs of up to this many packs' rows run as chunks on the pack (still faster than the plain product);
 longer ones (prefills) take the plain path, which is efficient at that size."""
@@ -53,7 +65,10 @@ PAYS = 0.9
 """A layer is packed by default only when its packed product takes at most this fraction of the plain
 one's time (a pack costs as much memory as the weight, so a tie is not worth it)."""
 
-_available: bool | None = None
+KERNELS = ("mkl", "onednn")
+"""The packed products: MKL's packed GEMM, oneDNN's inner product on a reordered weight."""
+
+_kernels: tuple[str, ...] | None = None
 _HOOK_DICTS = (
     "_forward_pre_hooks",
     "_forward_pre_hooks_with_kwargs",
@@ -65,17 +80,49 @@ _HOOK_DICTS = (
 
 def packed_linear_available() -> bool:
     """Whether this torch has MKL's packed GEMM (x86 CPU wheels do; ARM and CUDA-only builds may not)."""
-    global _available
-    if _available is None:
-        try:
-            w = torch.randn(8, 4)
-            x = torch.randn(2, 4)
-            pack = torch.ops.mkl._mkl_reorder_linear_weight(w, 2)
-            out = torch.ops.mkl._mkl_linear(x, pack, w, None, 2)
-            _available = bool(torch.allclose(out, x @ w.T, atol=1e-5))
-        except (AttributeError, RuntimeError, NotImplementedError):
-            _available = False
-    return _available
+    return "mkl" in available_kernels()
+
+
+def _pack(kernel: str, w: torch.Tensor, rows: int) -> torch.Tensor:
+    if kernel == "mkl":
+        out: torch.Tensor = torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
+    else:
+        out = torch.ops.mkldnn._reorder_linear_weight(w, rows)
+    return out
+
+
+def _packed_mm(
+    kernel: str,
+    x_R_K: torch.Tensor,
+    pack: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    rows: int,
+) -> torch.Tensor:
+    if kernel == "mkl":
+        out: torch.Tensor = torch.ops.mkl._mkl_linear(x_R_K, pack, w, bias, rows)
+    else:
+        out = torch.ops.mkldnn._linear_pointwise(x_R_K, pack, bias, "none", [], "")
+    return out
+
+
+def available_kernels() -> tuple[str, ...]:
+    """The packed products this torch build runs correctly (checked once on a small product)."""
+    global _kernels
+    if _kernels is None:
+        ok = []
+        w = torch.randn(8, 4)
+        x = torch.randn(2, 4)
+        for kernel in KERNELS:
+            try:
+                with torch.no_grad():
+                    out = _packed_mm(kernel, x, _pack(kernel, w, 2), w, None, 2)
+                if torch.allclose(out, x @ w.T, atol=1e-5):
+                    ok.append(kernel)
+            except (AttributeError, RuntimeError, NotImplementedError):
+                pass
+        _kernels = tuple(ok)
+    return _kernels
 
 
 def use_packed(requested: bool | None, device: torch.device, dtype: torch.dtype) -> bool:
@@ -87,13 +134,19 @@ def use_packed(requested: bool | None, device: torch.device, dtype: torch.dtype)
     return bool(requested)
 
 
-@functools.cache
 def pack_pays(out_features: int, in_features: int, rows: int = PACK_ROWS, threads: int = 0) -> bool:
-    """Whether a ``[rows, in_features] x [in_features, out_features]`` product is faster on a pack than the
-    plain product on this CPU (``threads``: the torch threads it was measured with, part of the cache key;
-    callers pass :func:`torch.get_num_threads`).
+    """Whether some packed product beats the plain one for this shape on this CPU (:func:`best_kernel`)."""
+    return best_kernel(out_features, in_features, rows, threads) is not None
 
-    Measured once per shape and process on random weights: alternating timings of both products, the
+
+@functools.cache
+def best_kernel(out_features: int, in_features: int, rows: int = PACK_ROWS, threads: int = 0) -> str | None:
+    """The fastest packed product (one of :data:`KERNELS`) for a ``[rows, in_features] x [in_features,
+    out_features]`` product on this CPU if it takes at most :data:`PAYS` of the plain product's time, else
+    None (``threads``: the torch threads it was measured with, part of the cache key; callers pass
+    :func:`torch.get_num_threads`).
+
+    Measured once per shape and process on random weights: alternating timings of every product, the
     fastest of each counted (the minimum is the least disturbed by other processes on a shared machine).
     Takes well under a second for a 135M model's shapes (the LM head's dominates)."""
     del threads  # only a cache key
@@ -101,36 +154,34 @@ def pack_pays(out_features: int, in_features: int, rows: int = PACK_ROWS, thread
     w = torch.randn(out_features, in_features, generator=g)
     x = torch.randn(rows, in_features, generator=g)
     with torch.no_grad():
-        pack = torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
-
-        def plain() -> None:
-            F.linear(x, w)
-
-        def packed() -> None:
-            torch.ops.mkl._mkl_linear(x, pack, w, None, rows)
-
+        fns: dict[str | None, Any] = {None: lambda: F.linear(x, w)}
+        for kernel in available_kernels():
+            pack = _pack(kernel, w, rows)
+            fns[kernel] = functools.partial(_packed_mm, kernel, x, pack, w, None, rows)
         # Enough calls per timing for ~1 ms of work at the smallest shapes; one call for the LM head.
         calls = max(1, min(64, (1 << 20) // max(1, out_features * in_features // 16)))
-        best = {plain: float("inf"), packed: float("inf")}
-        for fn in (plain, packed):
+        best = dict.fromkeys(fns, float("inf"))
+        for fn in fns.values():
             fn()  # warm-up (first-touch of the buffers)
         for _ in range(5):
-            for fn in (plain, packed):
+            for name, fn in fns.items():
                 t0 = time.perf_counter()
                 for _ in range(calls):
                     fn()
-                best[fn] = min(best[fn], time.perf_counter() - t0)
-    return best[packed] <= PAYS * best[plain]
+                best[name] = min(best[name], time.perf_counter() - t0)
+    fastest = min((k for k in best if k is not None), key=best.__getitem__, default=None)
+    return fastest if fastest is not None and best[fastest] <= PAYS * best[None] else None
 
 
 class _PackedLinear(nn.Module):
     """``nn.Linear`` over the original layer's (shared) weight, with a packed copy for small inputs."""
 
-    def __init__(self, linear: nn.Linear, rows: int):
+    def __init__(self, linear: nn.Linear, rows: int, kernel: str = "mkl"):
         super().__init__()
         self.weight = linear.weight
         self.bias = linear.bias
         self.rows = rows
+        self.kernel = kernel
         self.pack: torch.Tensor | None = None
         self._key: tuple[int, int] | None = None
         self._pad: torch.Tensor | None = None
@@ -141,7 +192,7 @@ class _PackedLinear(nn.Module):
         if self.pack is not None and key == self._key:
             return False
         with torch.no_grad():
-            self.pack = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), self.rows)
+            self.pack = _pack(self.kernel, w.detach(), self.rows)
         self._key = key
         return True
 
@@ -155,14 +206,17 @@ class _PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k = x.shape[-1]
         m = x.numel() // k if k else 0
+        least = MIN_ROWS if self.kernel == "mkl" else 1
         if (
             self.pack is None
-            or not MIN_ROWS <= m <= self.rows * MAX_CHUNKS
+            or not least <= m <= self.rows * MAX_CHUNKS
             or torch.is_grad_enabled()
             or x.dtype != torch.float32
         ):
             return F.linear(x, self.weight, self.bias)
         x_M_K = x.reshape(m, k)
+        if self.kernel != "mkl":  # oneDNN's reordered weight takes any number of rows as they are
+            return self._mm(x_M_K.contiguous()).reshape(*x.shape[:-1], -1)
         pieces = []
         for i in range(0, m, self.rows):
             chunk = x_M_K[i : i + self.rows]
@@ -177,19 +231,24 @@ class _PackedLinear(nn.Module):
         return out_M_N.reshape(*x.shape[:-1], out_M_N.shape[-1])
 
     def _mm(self, x_R_K: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = torch.ops.mkl._mkl_linear(x_R_K, self.pack, self.weight, self.bias, self.rows)
-        return out
+        assert self.pack is not None
+        return _packed_mm(self.kernel, x_R_K, self.pack, self.weight, self.bias, self.rows)
 
 
 class InferenceTwin:
     """A copy of ``model``'s module tree sharing all its tensors, whose fp32 CPU linears decode on packs.
 
     Use :attr:`module` like the model (same forward); call :meth:`refresh` before a forward (cheap when
-    nothing changed) and :meth:`drop` to give the packs' memory back. ``pack_all=False``: pack only the
-    layers whose shape :func:`pack_pays` on this CPU (the others run the plain product).
+    nothing changed) and :meth:`drop` to give the packs' memory back. ``pack_all=True`` packs every layer
+    with ``kernel`` (one of :data:`KERNELS`); ``pack_all=False`` packs a layer only with the kernel
+    :func:`best_kernel` found faster for its shape on this CPU (the others run the plain product).
     """
 
-    def __init__(self, model: nn.Module, rows: int = PACK_ROWS, *, pack_all: bool = True):
+    def __init__(
+        self, model: nn.Module, rows: int = PACK_ROWS, *, pack_all: bool = True, kernel: str = "mkl"
+    ):
+        if kernel not in KERNELS:
+            raise ConfigError(f"kernel must be one of {KERNELS}, got {kernel!r}")
         shared: dict[int, Any] = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
         config = getattr(model, "config", None)
         if config is not None:
@@ -203,9 +262,10 @@ class InferenceTwin:
                     continue
                 out_features, in_features = child.weight.shape
                 threads = torch.get_num_threads()
-                if not pack_all and not pack_pays(out_features, in_features, rows, threads):
+                chosen = kernel if pack_all else best_kernel(out_features, in_features, rows, threads)
+                if chosen is None:
                     continue
-                packed = _PackedLinear(child, rows)
+                packed = _PackedLinear(child, rows, chosen)
                 setattr(parent, name, packed)
                 self.layers.append(packed)
         # Forward hooks registered on the model's modules, now or later, run in the twin too (they get the

@@ -67,6 +67,41 @@ def test_gradients_equal_naive():
         assert torch.allclose(got[n], p.grad, atol=1e-10), n
 
 
+@pytest.mark.parametrize("saved", [0, 4, 8, 10_000])
+def test_saved_chunks_give_the_checkpointed_values_and_gradients(saved):
+    """Chunks kept for backward (``saved_tokens``) instead of checkpointed: the same values and gradients."""
+    model = tiny_llama(dtype=torch.float64)
+    ids, attn = inputs(4)
+    weights = torch.randn(ids.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    lp, _, ent = naive_logprobs(model, ids, attn)
+    (lp * weights + 0.1 * ent).sum().backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    out = forward_logprobs(model, ids, attn, chunk_size=4, with_entropy=True, saved_tokens=saved)
+    assert (out.logprobs_B_T - lp).abs().max() < 1e-10
+    assert out.entropy_B_T is not None and (out.entropy_B_T - ent).abs().max() < 1e-10
+    (out.logprobs_B_T * weights + 0.1 * out.entropy_B_T).sum().backward()
+    for n, p in model.named_parameters():
+        assert torch.allclose(want[n], p.grad, atol=1e-10), n
+
+
+@pytest.mark.parametrize("saved", [0, 10_000])
+def test_entropy_as_a_metric_is_detached_with_the_same_values(saved):
+    model = tiny_llama(dtype=torch.float64)
+    ids, attn = inputs(5)
+    with torch.no_grad():
+        _, sp, ent = naive_logprobs(model, ids, attn)
+    out = forward_logprobs(
+        model, ids, attn, chunk_size=4, with_entropy=True, entropy_grad=False, saved_tokens=saved
+    )
+    assert out.entropy_B_T is not None and not out.entropy_B_T.requires_grad
+    assert out.logprobs_B_T.requires_grad
+    assert (out.entropy_B_T - ent).abs().max() < 1e-10
+    assert (out.sum_pi_squared_B_T - sp).abs().max() < 1e-12
+    (out.logprobs_B_T.sum()).backward()  # the log-probs still carry the gradient
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
 class LogitsOnly(nn.Module):
     """A non-HF model that returns a logits tensor directly."""
 
@@ -100,6 +135,8 @@ def test_bad_arguments():
         forward_logprobs(model, ids, attn, temperature=0.0)
     with pytest.raises(ConfigError):
         forward_logprobs(model, ids, attn, chunk_size=0)
+    with pytest.raises(ConfigError):
+        forward_logprobs(model, ids, attn, saved_tokens=-1)
 
 
 @pytest.mark.gpu

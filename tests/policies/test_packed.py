@@ -142,3 +142,17 @@ def test_default_twin_packs_exactly_the_shapes_measured_faster_packed(tok):
     twin.refresh()
     ids = _ids(8, 1)  # one decode step of 8 rows: the packed path where a layer has a pack
     assert torch.allclose(_logits(twin.module, ids), _logits(model, ids), atol=1e-4)
+
+
+@pytest.mark.skipif("onednn" not in packed_mod.available_kernels(), reason="torch without oneDNN's linear")
+def test_onednn_twin_computes_what_the_model_does(tok):
+    """oneDNN's packing (chosen per shape where it is faster, issue 46) takes any number of rows unpadded."""
+    model = tiny_model(tok, seed=11)
+    twin = InferenceTwin(model, kernel="onednn")
+    assert twin.refresh() == len(twin.layers) > 0
+    assert {layer.kernel for layer in twin.layers} == {"onednn"}
+    for rows, length in ((1, 1), (3, 1), (9, 1), (16, 1), (5, 7), (4, 50)):
+        ids = _ids(rows, length)
+        torch.testing.assert_close(_logits(twin.module, ids), _logits(model, ids), atol=2e-5, rtol=1e-5)
+    with pytest.raises(ConfigError, match="kernel"):
+        InferenceTwin(model, kernel="blas")
