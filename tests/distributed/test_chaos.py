@@ -147,6 +147,7 @@ def test_sigterm_reaches_the_trainers_handler_after_ray_init(tmp_path):
     # Found by the soak: ray.init replaced the driver's SIGTERM handler (exit 15, or its crash handler: -6).
     pytest.importorskip("ray", reason="needs the ray extra")
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)  # its own local Ray, not the session cluster a test worker may have joined
     out = subprocess.run(
         [sys.executable, "-c", SIGTERM_SCRIPT], capture_output=True, text=True, timeout=240, env=env
     )

@@ -19,7 +19,7 @@ from agentrl.models import resolve_model
 from agentrl.rollout import RolloutConfig
 from agentrl.run import RunDir
 from agentrl.staleness import DroppedGroup, StepOutcome
-from agentrl.trainers import pg, train_setup
+from agentrl.trainers import factories, pg, train_setup
 from agentrl.trainers.distributed import GroupLedger, GroupState, RayOptions, ray_runtime
 from agentrl.trainers.evaluate import EvalConfig
 from agentrl.types import StopReason, TrajectoryMeta
@@ -116,7 +116,7 @@ async def finish_step(rt, groups, version):
 async def test_one_worker_server_learner_equals_the_single_process_trainer(cluster, tmp_path, monkeypatch):
     # Single process: the same scripted sampler in place of HFPolicy.
     monkeypatch.setattr(
-        train_setup,  # where the local runtime builds its sampler
+        factories,  # where the local runtime builds its sampler
         "make_policy",
         lambda cfg, model, tok, renderer, device, *, version: ScriptedTIRPolicy(tok, version=version),
     )

@@ -128,7 +128,15 @@ def connect(address: str, cfg: TrainConfig, opts: RayOptions) -> bool:
             "inference": dep.inference_servers,
             "learner": dep.learners,
         }
-        ray.init(num_cpus=opts.local_cpus, resources=res, include_dashboard=False, log_to_driver=False)
+        # address="local": a new instance even where this machine already runs a cluster (without it
+        # ray.init joins the last one started here, and refuses num_cpus for it).
+        ray.init(
+            address="local",
+            num_cpus=opts.local_cpus,
+            resources=res,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
     elif address == "auto" or address.startswith("ray://") or re.fullmatch(r"[\w.\-]+:\d+", address):
         ray.init(address=address, log_to_driver=False)
     else:
