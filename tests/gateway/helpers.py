@@ -128,3 +128,24 @@ def tool_result(msg: dict[str, Any], content: str = "hello") -> dict[str, Any]:
 
 START = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
 """The opening messages of the echo conversation."""
+
+
+def assert_harness_run_recorded(out, returncode, stderr, session, task):
+    """After a harness CLI ran through ``agentrl gateway --out out``: the gateway stopped cleanly, the
+    harness's requests reached session ``session``, its trajectories carry ``task`` and ``replay --check``
+    passes."""
+    import subprocess
+
+    from agentrl import read_trajectories
+
+    from .test_cli import AGENTRL
+
+    assert returncode == 0, stderr[-2000:]
+    assert f"gateway: session {session} 200" in stderr  # the harness's requests went through the gateway
+    trajs = list(read_trajectories(out / "trajectories.jsonl"))
+    assert trajs and all(t.meta.task_id == task and not t.infra_failure for t in trajs)
+    check = subprocess.run(
+        [*AGENTRL, "replay", str(out), "--check"], capture_output=True, text=True, timeout=300
+    )
+    n = len(trajs)
+    assert check.returncode == 0 and f"{n} of {n} trajectories consistent" in check.stdout, check.stdout

@@ -17,12 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentrl import read_trajectories
 from agentrl.audit import audit_trajectory
 from agentrl.testing import ScriptedPolicy
 from agentrl.trainers.gateway import Gateway, GatewayConfig
 from agentrl.types import StopReason
 
+from .helpers import assert_harness_run_recorded
 from .test_cli import AGENTRL, wait_for_url
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,12 +150,4 @@ def test_claude_code_against_agentrl_gateway_with_the_tiny_model(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, stderr[-2000:]
-    assert "gateway: session claude 200" in stderr  # the harness's requests went through the gateway
-    trajs = list(read_trajectories(out / "trajectories.jsonl"))
-    assert trajs and all(t.meta.task_id == "claude-code" and not t.infra_failure for t in trajs)
-    check = subprocess.run(
-        [*AGENTRL, "replay", str(out), "--check"], capture_output=True, text=True, timeout=300
-    )
-    n = len(trajs)
-    assert check.returncode == 0 and f"{n} of {n} trajectories consistent" in check.stdout, check.stdout
+    assert_harness_run_recorded(out, proc.returncode, stderr, "claude", "claude-code")
