@@ -7,11 +7,13 @@ weights before and after the step shows it.
 
 What counts: ‖Δθ‖ / ‖θ‖ over every parameter the optimizer holds, and, among the elements that had a
 nonzero gradient, the fraction left exactly unchanged (elements without one are not the optimizer's to
-move).
+move). Tensors of fewer than 64,000 elements are compared whole; a larger one through a fixed sample of
+1/16 of its elements in contiguous runs (:func:`_sample`), its sums scaled by its size over the sample's:
+an estimate whose error is far below the differences the measurement is for.
 
 How, without a second copy of the model: the step is taken in slices of at most ``slice_elems`` parameter
 elements. Before each slice the other parameters' gradients are set aside (``grad = None``: every
-``torch.optim`` optimizer skips such a parameter), the slice's weights are copied, the optimizer steps, and
+``torch.optim`` optimizer skips such a parameter), the slice's weights (their sample) are copied, the optimizer steps, and
 the slice's change is measured. Element-wise optimizers (SGD, Adam, AdamW, foreach or fused) keep per-
 parameter state and compute each element alike whichever parameters share the call, so the result is the
 one-call step exactly; the extra memory is one slice. An optimizer that couples parameters (LBFGS, Shampoo-
@@ -92,17 +94,19 @@ def measured_step(optimizer: torch.optim.Optimizer, *, slice_elems: int | None =
         before = []
         for p, g in part:
             p.grad = g
-            before.append(_local(p).detach().clone())
+            before.append(_sample(_local(p).detach()).clone())
         optimizer.step()
         with torch.no_grad():
             for (p, g), old in zip(part, before, strict=True):
-                new = _local(p).detach()
-                has_grad = _local(g) != 0
+                new = _sample(_local(p).detach())
+                has_grad = _sample(_local(g)) != 0
+                # A sampled tensor's sums stand for the whole tensor's: scaled by its size over the sample's.
+                scale = _local(p).numel() / max(new.numel(), 1)
                 d = new.float() - old.float() if new.dtype != torch.float32 else new - old
-                diff_sq += float(torch.linalg.vector_norm(d) ** 2)
-                norm_sq += float(torch.linalg.vector_norm(old.float()) ** 2)
-                moving += float(has_grad.sum())
-                stuck += float(((new == old) & has_grad).sum())
+                diff_sq += scale * float(torch.linalg.vector_norm(d) ** 2)
+                norm_sq += scale * float(torch.linalg.vector_norm(old.float()) ** 2)
+                moving += scale * float(has_grad.sum())
+                stuck += scale * float(((new == old) & has_grad).sum())
                 p.grad = None
         del before
     dev = params[0].device if params else torch.device("cpu")
@@ -114,3 +118,26 @@ def measured_step(optimizer: torch.optim.Optimizer, *, slice_elems: int | None =
         rel_norm=(diff_sq**0.5) / norm_sq**0.5 if norm_sq > 0 else 0.0,
         unchanged_frac=stuck / moving if moving > 0 else math.nan,
     )
+
+
+# The sample of a large tensor: every SAMPLE_EVERY-th run of SAMPLE_RUN contiguous elements. Comparing whole
+# tensors took ~10 % of a 135 M-parameter update on a 2-core CPU (a copy of every weight and six passes over
+# model-sized memory); contiguous runs keep the sample's reads to 1/SAMPLE_EVERY of the memory (a strided
+# pick of single elements would touch every cache line). 2 Mi elements sampled of a 135 M model estimate a
+# fraction to well under 0.1 %, and the stall this measures (bf16 weights: most elements unchanged) is a
+# difference of tens of percent. The run length is not a divisor of common widths, so the runs do not keep
+# landing on the same columns of a matrix.
+SAMPLE_RUN = 250
+SAMPLE_EVERY = 16
+_SAMPLE_MIN = SAMPLE_RUN * SAMPLE_EVERY * 16  # smaller tensors are measured whole
+
+
+def _sample(t: torch.Tensor) -> torch.Tensor:
+    """The elements of ``t`` the measurement reads: all of a small tensor, every ``SAMPLE_EVERY``-th run of
+    ``SAMPLE_RUN`` elements of a large one (a view when ``t`` is contiguous)."""
+    flat = t.reshape(-1)
+    n = flat.numel()
+    if n < _SAMPLE_MIN:
+        return flat
+    runs = n // SAMPLE_RUN
+    return flat[: runs * SAMPLE_RUN].view(runs, SAMPLE_RUN)[::SAMPLE_EVERY].reshape(-1)

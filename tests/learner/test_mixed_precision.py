@@ -135,3 +135,23 @@ def test_a_step_without_gradient_has_nothing_to_move_and_is_not_a_stalled_update
     stats = Learner(model, LearnerConfig(lr=LR)).step(batch, torch.zeros_like(adv))  # all advantages 0
     assert stats.update_rel_norm == 0.0 and math.isnan(stats.unchanged_frac)
     assert stalled_update_warning({"learn/unchanged_frac": stats.unchanged_frac}) is None
+
+
+def test_measured_step_estimates_a_large_tensor_from_its_sample():
+    # 1 M elements: sampled (1/16 in runs). A third of them get no gradient, and a known share of the others
+    # is too large for the step to move in bf16; the estimate must match the exact counts closely.
+    torch.manual_seed(0)
+    n = 1 << 20
+    w = torch.nn.Parameter((torch.rand(n) * 2 + 0.5).to(torch.bfloat16))
+    exact_before = w.detach().clone()
+    g = torch.randn(n)
+    g[torch.rand(n) < 1 / 3] = 0
+    w.grad = g.to(torch.bfloat16)
+    opt = torch.optim.SGD([w], lr=3e-3)  # moves small weights, rounds away on the large ones in bf16
+    stats = measured_step(opt)
+    has = g != 0
+    stuck = float(((w.detach() == exact_before) & has).sum()) / float(has.sum())
+    assert 0.05 < stuck < 0.95  # a mix, so the estimate has something to get right
+    assert stats.unchanged_frac == pytest.approx(stuck, abs=0.01)
+    d = (w.detach().float() - exact_before.float()).norm() / exact_before.float().norm()
+    assert stats.rel_norm == pytest.approx(float(d), rel=0.02)
