@@ -13,12 +13,12 @@ an estimate whose error is far below the differences the measurement is for.
 
 How, without a second copy of the model: the step is taken in slices of at most ``slice_elems`` parameter
 elements. Before each slice the other parameters' gradients are set aside (``grad = None``: every
-``torch.optim`` optimizer skips such a parameter), the slice's weights (their sample) are copied, the optimizer steps, and
-the slice's change is measured. Element-wise optimizers (SGD, Adam, AdamW, foreach or fused) keep per-
-parameter state and compute each element alike whichever parameters share the call, so the result is the
-one-call step exactly; the extra memory is one slice. An optimizer that couples parameters (LBFGS, Shampoo-
-like ones) must not be sliced: pass ``slice_elems=None`` to step once and measure through a full copy
-instead.
+``torch.optim`` optimizer skips such a parameter), the slice's weights (their sample) are copied, the
+optimizer steps, and the slice's change is measured. Element-wise optimizers (SGD, Adam, AdamW, foreach or
+fused) keep per-parameter state and compute each element alike whichever parameters share the call, so the
+result is the one-call step exactly; the extra memory is one slice. An optimizer that couples parameters
+(LBFGS, Shampoo- like ones) must not be sliced: pass ``slice_elems=None`` to step once and measure through a
+full copy instead.
 
 Works on FSDP2 shards (each rank measures its local shard; the sums are reduced over ranks).
 """
