@@ -144,27 +144,32 @@ def _foreign(procs: set[int], own_ns: str | None) -> list[int]:
 
 
 def _reap_one(folder: Path, host_leaf: bool, pid: int, own_ns: str | None) -> tuple[bool, list[int], str]:
-    """Empty and remove one dead owner's folder; (removed, killed pids, why kept)."""
-    procs = _procs(folder)
+    """Empty and remove one dead owner's folder; (removed, killed pids, why kept).
+
+    Processes seen in it may be on their way out (a sandbox whose host was just killed tears its namespace
+    down for a moment, its init gone before its worker), so what blocks the removal is looked at again until
+    ``_KILL_WAIT_S`` has passed."""
     killed: list[int] = []
-    if procs and host_leaf:
-        return False, killed, f"holds processes {sorted(procs)[:8]} of the dead trainer (not sandboxes)"
-    if procs:
-        if foreign := _foreign(procs, own_ns):
-            return False, killed, f"its processes {foreign[:8]} are in another container's pid namespace"
-        for p in sorted(procs):
-            try:
-                os.kill(p, signal.SIGKILL)
-                killed.append(p)
-            except ProcessLookupError:
-                pass
-            except OSError as e:
-                return False, killed, f"cannot kill process {p} in it: {e.strerror}"
-        deadline = time.monotonic() + _KILL_WAIT_S
-        while (left := _procs(folder)) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if left:
-            return False, killed, f"processes {sorted(left)[:8]} did not leave it within {_KILL_WAIT_S} s"
+    deadline = time.monotonic() + _KILL_WAIT_S
+    while procs := _procs(folder):
+        if host_leaf:
+            why = f"holds processes {sorted(procs)[:8]} of the dead trainer (not sandboxes)"
+        elif foreign := _foreign(procs, own_ns):
+            why = f"its processes {foreign[:8]} are in another container's pid namespace"
+        else:
+            why = f"processes {sorted(procs)[:8]} did not leave it within {_KILL_WAIT_S} s"
+            for p in sorted(procs):
+                try:
+                    os.kill(p, signal.SIGKILL)
+                    if p not in killed:
+                        killed.append(p)
+                except ProcessLookupError:
+                    pass
+                except OSError as e:
+                    return False, killed, f"cannot kill process {p} in it: {e.strerror}"
+        if time.monotonic() > deadline:
+            return False, killed, why
+        time.sleep(0.02)
     if _cgroup._pid_alive(pid):  # the pid was taken again meanwhile: the folder may be a new host's now
         return False, killed, f"pid {pid} is alive again"
     if _cgroup._remove_tree(folder):

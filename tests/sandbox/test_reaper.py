@@ -148,7 +148,7 @@ async def test_a_pool_start_reaps_and_the_command_lists_and_reaps(hosts, capsys)
     again.kill()
     sandbox_main(["--reap"])
     out = capsys.readouterr().out
-    assert all(f"removed {f}" in out for f in again.folders)
+    assert all(f"removed {f}" in out for f in again.folders), out
     assert not any(f.exists() for f in again.folders)
 
 
