@@ -264,3 +264,42 @@ async def test_a_deadline_mid_call_or_mid_grade_cancels_it_and_leaves_no_sandbox
     assert "while the env stepped turn 0" in traj.errors[0].message
     assert not traj.tool_calls and not traj.rewards  # the cut step recorded nothing, and no reward 0
     assert took < 4.0, took
+
+
+class GatedReset(LocalSandbox):
+    """A real LocalSandbox whose reset waits for ``gate`` first, so a test can hold a reset in progress."""
+
+    gate: asyncio.Event
+
+    async def reset(self) -> None:
+        await self.gate.wait()
+        await super().reset()
+
+
+async def test_a_reset_holds_a_start_permit_so_a_new_start_waits_behind_it():
+    GatedReset.gate = asyncio.Event()
+    got: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    done = asyncio.Event()
+
+    async with SandboxPool(lambda: GatedReset(SMALL), size=2, warm=0, max_starting=1) as pool:
+
+        async def borrow() -> None:
+            async with pool.acquire() as sb:
+                got.set_result(sb)
+                await done.wait()
+
+        async with pool.acquire():
+            pass  # released: its reset (a fresh session) takes the only start permit and waits on the gate
+        second = asyncio.ensure_future(borrow())
+        deadline = time.monotonic() + 10
+        while pool.stats.start_waiting == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        stats = pool.stats
+        assert (stats.starting, stats.start_waiting, stats.live) == (1, 1, 2), stats
+        assert not got.done()
+        GatedReset.gate.set()
+        sb = await asyncio.wait_for(got, 20)
+        assert (await sb.run("print(5)")).stdout == "5\n"
+        assert pool.stats.most_starting == 1 and pool.stats.resets == 1
+        done.set()
+        await second
