@@ -17,10 +17,11 @@
 * The trajectory is built by :func:`agentrl.masking.build_trajectory` (its columns by ``build_columns``).
 
 Limits, each with one owner and one stop reason. The rollout owns the compute budget: ``max_turns``
-(``MAX_TURNS``), ``max_new_tokens`` per turn (``TURN_TOKENS``) and ``max_total_tokens`` for the whole token
-stream (``MAX_TOKENS``). The environment owns the task: it ends an episode with ``terminated``
-(``TERMINATED``) or, by a rule of its own such as guess-number's guess budget, ``truncated``
-(``ENV_TRUNCATED``). Every limit sets ``truncated``.
+(``MAX_TURNS``), ``max_new_tokens`` per turn (``TURN_TOKENS``), ``max_total_tokens`` for the whole token
+stream (``MAX_TOKENS``) and ``episode_timeout``, the wall-clock deadline of the whole episode (``DEADLINE``):
+past it the generation or env step in progress is cancelled and the episode ends there. The environment
+owns the task: it ends an episode with ``terminated`` (``TERMINATED``) or, by a rule of its own such as
+guess-number's guess budget, ``truncated`` (``ENV_TRUNCATED``). Every limit sets ``truncated``.
 
 **A generation that ends by length** (no stop token) ends the episode: ``truncated=True`` with
 ``StopReason.TURN_TOKENS`` (or ``MAX_TOKENS`` when the total budget was what cut it), and the environment
@@ -34,12 +35,14 @@ with the error recorded and ``infra_failure`` set, so the trainer drops it inste
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from agentrl.chat import ChatRenderer
 from agentrl.env import Env, as_step_result
@@ -79,6 +82,11 @@ class RolloutConfig:
     """Most tokens the model may sample in one turn; a turn cut by it ends the episode (turn_tokens)."""
     max_total_tokens: int = 4096
     """Context budget of a whole episode: prompt, turns and observations (stop reason max_tokens)."""
+    episode_timeout: float | None = 1800.0
+    """Wall-clock deadline of a whole episode in seconds, generation included (None: none). Past it the
+    generation or env step in progress (a tool call, a grade) is cancelled and the episode ends truncated
+    (stop reason deadline); a reset that overruns it is an infrastructure failure. Every step's own deadline
+    (a ToolEnv's ``tool_timeout``, ``sandbox_start_timeout``, ``grade_timeout``) is shorter."""
     temperature: float = 1.0
     """Sampling temperature; the recorded log-probs are those of the tempered distribution."""
     top_p: float = 1.0
@@ -106,6 +114,11 @@ class RolloutConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"RolloutConfig.{name} must be a positive int, got {v!r}")
+        t = self.episode_timeout
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t < math.inf):
+            raise ConfigError(
+                f"RolloutConfig.episode_timeout must be a positive number of seconds or None, got {t!r}"
+            )
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ConfigError(f"RolloutConfig.seed must be an int or None, got {self.seed!r}")
         if self.on_template_mismatch not in ("raise", "stop"):
@@ -243,12 +256,18 @@ async def run_episode(
     history: list[Message] = []  # what the template renders: assistant turns carry their sampled text
     ids: list[int] = []
     prefix_text = ""
+    loop = asyncio.get_running_loop()
+    deadline = None if cfg.episode_timeout is None else loop.time() + cfg.episode_timeout
     t0 = time.perf_counter()
     try:
-        obs, _info = await env.reset(seed=seed, options=options)
+        obs, _info = await _by(deadline, env.reset(seed=seed, options=options))
         obs = tuple(obs)
         if not obs or not all(isinstance(m, Message) for m in obs):
             raise EnvContractError("reset must return a non-empty tuple of Message as the observation")
+    except _DeadlinePassed:  # no prompt, nothing to train on: the env (or its sandbox) was too slow
+        timings["reset"] = time.perf_counter() - t0
+        fail("EpisodeDeadline", f"{_deadline_text(cfg)} during reset", -1, StopReason.DEADLINE)
+        return finish()
     except Exception as e:
         timings["reset"] = time.perf_counter() - t0
         fail(type(e).__name__, str(e), -1, infra_stop_reason(e))
@@ -272,8 +291,15 @@ async def run_episode(
     ids.extend(prompt.token_ids)
     prefix_text = prompt.text
 
+    def out_of_time(during: str) -> None:
+        ep.truncated, ep.stop_reason = True, StopReason.DEADLINE
+        ep.errors.append(EpisodeFailure("EpisodeDeadline", f"{_deadline_text(cfg)} {during}", turn, False))
+
     turn = 0
     while True:
+        if deadline is not None and loop.time() >= deadline:  # steps that never suspend are caught here
+            out_of_time(f"before turn {turn}")
+            break
         budget = cfg.max_total_tokens - len(ids)
         if budget <= 0:
             ep.truncated, ep.stop_reason = True, StopReason.MAX_TOKENS
@@ -282,7 +308,8 @@ async def run_episode(
         sampling = cfg.turn_sampling(max_new, seed, member, done_turns + turn)
         t0 = time.perf_counter()
         try:
-            gen = _check_generation(await policy.generate(tuple(ids), sampling), renderer.vocab_size, max_new)
+            gen = await _by(deadline, policy.generate(tuple(ids), sampling))
+            gen = _check_generation(gen, renderer.vocab_size, max_new)
             if gen.finish_reason is FinishReason.STOP and not renderer.is_stop(gen.token_ids[-1]):
                 last = gen.token_ids[-1]
                 raise PolicyError(
@@ -290,6 +317,10 @@ async def run_episode(
                     f"renderer does not treat as a stop token {renderer.stop_token_ids}; give both "
                     "the same stop_token_ids"
                 )
+        except _DeadlinePassed:
+            timings["generate"] += time.perf_counter() - t0
+            out_of_time(f"while the policy generated turn {turn}")
+            break
         except Exception as e:
             timings["generate"] += time.perf_counter() - t0
             fail(type(e).__name__, str(e), turn, StopReason.POLICY_ERROR)
@@ -311,7 +342,14 @@ async def run_episode(
         t0 = time.perf_counter()
         ep.actions.append(text)
         try:
-            result = as_step_result(await env.step(Action(text=text, token_ids=tuple(sampled))))
+            result = as_step_result(
+                await _by(deadline, env.step(Action(text=text, token_ids=tuple(sampled))))
+            )
+        except _DeadlinePassed:
+            timings["env"] += time.perf_counter() - t0
+            messages.append(Message("assistant", text))
+            out_of_time(f"while the env stepped turn {turn} (its tool calls or grade were cancelled)")
+            break
         except Exception as e:
             timings["env"] += time.perf_counter() - t0
             messages.append(Message("assistant", text))
@@ -403,6 +441,31 @@ _NO_SINK = (
     "the env compacted the context (StepResult.compact), which starts a new sample; run it with "
     "agentrl.samples.run_samples (the trainer's scheduler does), which collects every sample"
 )
+
+
+_T = TypeVar("_T")
+
+
+class _DeadlinePassed(Exception):
+    """The episode's ``episode_timeout`` passed while it awaited a step (internal to :func:`run_episode`)."""
+
+
+async def _by(deadline: float | None, step: Awaitable[_T]) -> _T:
+    """Await ``step``, cancelled at ``deadline`` (the event loop's clock); raises :class:`_DeadlinePassed`."""
+    if deadline is None:
+        return await step
+    timer = asyncio.timeout_at(deadline)
+    try:
+        async with timer:
+            return await step
+    except TimeoutError:
+        if timer.expired():  # ours, not a TimeoutError the step raised itself
+            raise _DeadlinePassed from None
+        raise
+
+
+def _deadline_text(cfg: RolloutConfig) -> str:
+    return f"the episode's deadline (episode_timeout={cfg.episode_timeout} s) passed"
 
 
 def infra_stop_reason(e: BaseException) -> StopReason:

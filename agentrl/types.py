@@ -217,6 +217,10 @@ class StopReason(StrEnum):
     """The rollout was cancelled (shutdown). ``infra_failure`` is set."""
     JUDGE_ERROR = "judge_error"
     """A reward judge failed (:class:`~agentrl.errors.JudgeError`). Recorded; ``infra_failure`` is set."""
+    DEADLINE = "deadline"
+    """The episode's wall-clock deadline (``RolloutConfig.episode_timeout``) passed: the generation or env
+    step in progress was cancelled. ``truncated=True``; during ``reset`` (no prompt yet) ``infra_failure`` is
+    set instead."""
     COMPACTED = "compacted"
     """The context was replaced (the env compacted it, or the policy wrote the summary the env asked for):
     this sample ends here and the episode goes on in the next sample (``meta.sample_index + 1``). Neither

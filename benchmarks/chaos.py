@@ -365,8 +365,10 @@ def summarize(
     problems = list(checks["problems"])
     if left["processes"]:
         problems.append(f"orphans left: {len(left['processes'])} sandbox processes")
-    # Empty cgroup folders of killed workers (no process inside) are reported, not failed: a killed worker's
-    # groups are removed only by the next probe or close on its node (docs/reliability.md).
+    # A killed worker's groups are reaped by the next pool start or worker close on its machine
+    # (agentrl.sandbox._reaper), so any folder left is a failure too.
+    if left["cgroups"]:
+        problems.append(f"orphans left: {len(left['cgroups'])} cgroup folders of dead rollout workers")
     if soak.crashes:
         problems.append(f"the driver crashed {len(soak.crashes)} times")
     if survived < injected:

@@ -5,6 +5,10 @@ self-test as a table (one row per limit: PASS or FAIL, and what happened), then 
 what to do when it failed. Exits 0 when every limit tripped, 1 when one did not (the sandbox would refuse
 to start), 2 when the command itself was misused. Settings come from the same variables the trainer reads:
 ``AGENTRL_BWRAP``, ``AGENTRL_SANDBOX_UIDS``, ``AGENTRL_CGROUP_PARENT``.
+
+``python -m agentrl.sandbox --reap`` instead removes the sandbox cgroups of agentrl processes that are dead
+(killing what is left in them), prints what it removed, killed and kept, and exits 0 when nothing of a dead
+process was kept, else 1 (``--dry-run``: only list them).
 """
 
 from __future__ import annotations
@@ -35,6 +39,25 @@ def _bwrap_line() -> str:
     return f"{path} ({version})"
 
 
+def _reap(*, dry_run: bool, as_json: bool) -> int:
+    from ._reaper import reap_cgroups
+
+    report = reap_cgroups(dry_run=dry_run)
+    if as_json:
+        out = {"dry_run": dry_run, "removed": report.removed, "killed": report.killed, "kept": report.kept}
+        print(json.dumps(out, indent=2))
+    else:
+        verb = "would remove" if dry_run else "removed"
+        for folder in report.removed:
+            print(f"{verb} {folder}")
+        for pid in report.killed:
+            print(f"killed process {pid}")
+        for folder, why in report.kept:
+            print(f"kept {folder}: {why}")
+        print(f"{len(report.removed)} {verb}, {len(report.killed)} killed, {len(report.kept)} kept")
+    return 0 if report.clean else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the local sandbox's self-test and print the report; the exit status says whether it passed."""
     ap = argparse.ArgumentParser(prog="python -m agentrl.sandbox", description=__doc__.split("\n\n")[0])
@@ -42,7 +65,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--host-uids", default=None, help="uid range FIRST-LAST or 'off' (default: $AGENTRL_SANDBOX_UIDS)"
     )
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    ap.add_argument(
+        "--reap",
+        action="store_true",
+        help="remove the sandbox cgroups of dead agentrl processes (killing what is left in them) and exit",
+    )
+    ap.add_argument("--dry-run", action="store_true", help="with --reap: only list what would be removed")
     ns = ap.parse_args(argv)
+    if ns.dry_run and not ns.reap:
+        ap.error("--dry-run goes with --reap")
+    if ns.reap:
+        return _reap(dry_run=ns.dry_run, as_json=ns.json)
     try:
         sb = LocalSandbox(self_test=False, host_uids=ns.host_uids)
         from .selftest import run_self_test

@@ -342,13 +342,18 @@ _manager: CgroupManager | None = None
 
 
 def release() -> None:
-    """Remove this process's sandbox cgroups now, and those dead agentrl processes left beside them.
+    """Remove this process's sandbox cgroups now, and reap those of dead agentrl processes anywhere.
 
     The groups are otherwise removed at exit (``atexit``), which a process killed outright never runs: a Ray
     actor stopped with ``ray.kill`` (a rollout worker at the end of a run) calls this first, after closing
-    its sandboxes. A group that still holds a process stays."""
+    its sandboxes. A group of this process that still holds a process stays. The reap
+    (:func:`agentrl.sandbox._reaper.reap_cgroups`) removes the groups of workers killed since the last pool
+    started on this machine, whatever cgroup they lived in."""
     if _manager is not None and _manager.version:
         _manager.release()
+    from ._reaper import reap_cgroups  # here: the reaper builds on this module
+
+    reap_cgroups()
 
 
 def manager() -> CgroupManager:

@@ -25,12 +25,13 @@ log = logging.getLogger(__name__)
 _BACKGROUND: set[asyncio.Task[Any]] = set()
 
 
-def spawn_background(coro: Coroutine[Any, Any, Any]) -> None:
+def spawn_background(coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
     """Run ``coro`` to completion in the background (the clean-up of a session whose call was cancelled),
     keeping a reference so the task is not garbage-collected half way."""
     task = asyncio.ensure_future(coro)
     _BACKGROUND.add(task)
     task.add_done_callback(_BACKGROUND.discard)
+    return task
 
 
 def check_request(
@@ -138,6 +139,8 @@ class SessionBackend(SerialBackend, Generic[S]):
         self._calls = 0
         # The session died between calls: the next call says that earlier state was lost.
         self._died_idle = False
+        # Clean-ups of sessions whose call was cancelled (an episode's deadline): close() waits for them.
+        self._cleanups: set[asyncio.Task[Any]] = set()
 
     async def _ensure(self) -> S:
         """The live session, started (or restarted after a death) when there is none."""
@@ -149,8 +152,15 @@ class SessionBackend(SerialBackend, Generic[S]):
 
     def _abandon(self, session: S) -> None:
         """The call in ``session`` was cancelled: kill it without waiting (the session is already retired);
-        any slow clean-up goes to :func:`spawn_background`."""
+        any slow clean-up goes to :meth:`_clean_up_later`."""
         raise NotImplementedError
+
+    def _clean_up_later(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run a retired session's clean-up in the background; :meth:`close` waits for it, so a sandbox
+        closed right after a cancelled call leaves no process or cgroup behind."""
+        task = spawn_background(coro)
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
 
     async def _run_locked(self, code: str, limits: Limits, t0: float) -> ExecResult:
         try:
@@ -215,6 +225,8 @@ class SessionBackend(SerialBackend, Generic[S]):
         s, self._session = self._session, None
         if s is not None:
             await s.kill()
+        if self._cleanups:
+            await asyncio.gather(*list(self._cleanups), return_exceptions=True)
 
     async def __aenter__(self) -> Self:
         await self.start()

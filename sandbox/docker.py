@@ -31,7 +31,7 @@ from typing import Any
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.execution import Limits
 
-from ._common import SessionBackend, spawn_background
+from ._common import SessionBackend
 from ._layout import SANDBOX_UID, python_layout, sandbox_env
 from ._output import Capture, decode
 from ._protocol import BOOTSTRAP, MARKER, Outcome, frame, parse_line, worker_code
@@ -439,7 +439,7 @@ class DockerSandbox(SessionBackend[_Container]):
 
     def _abandon(self, session: _Container) -> None:
         session.killed_by_us = True  # the exit that follows is ours, not an outside kill
-        spawn_background(session.kill())
+        self._clean_up_later(session.kill())
 
 
 def remove_orphans(client: Any) -> int:

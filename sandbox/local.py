@@ -29,7 +29,7 @@ from agentrl.errors import ConfigError, SandboxError
 from agentrl.execution import Limits
 
 from . import _cgroup, _seccomp, _uids
-from ._common import SessionBackend, spawn_background
+from ._common import SessionBackend
 from ._layout import SANDBOX_UID, python_layout, sandbox_env
 from ._protocol import BOOTSTRAP, Outcome, worker_code
 from ._worker_client import Call, LaunchFds, WorkerClient, WorkerLaunch
@@ -325,7 +325,7 @@ class LocalSandbox(SessionBackend[WorkerClient]):
 
     def _abandon(self, session: WorkerClient) -> None:
         session.signal_kill()
-        spawn_background(session.cleanup())
+        self._clean_up_later(session.cleanup())
 
     def __del__(self) -> None:
         w = getattr(self, "_session", None)

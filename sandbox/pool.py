@@ -135,7 +135,12 @@ class SandboxPool:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> SandboxPool:
-        """Start ``warm`` sandboxes now so the first episodes do not pay for start-up."""
+        """Reap the cgroups dead agentrl processes left (:func:`~agentrl.sandbox._reaper.reap_cgroups`), then
+        start ``warm`` sandboxes now so the first episodes do not pay for start-up."""
+        from ._reaper import reap_cgroups  # here: a pool of docker or e2b sandboxes never needs it
+
+        # A rollout worker SIGKILLed while it held sandboxes ran no clean-up; its replacement starts a pool.
+        await asyncio.to_thread(reap_cgroups)
         need = max(0, self._warm - self._live)
         self._live += need
         made = await asyncio.gather(*(self._new() for _ in range(need)), return_exceptions=True)

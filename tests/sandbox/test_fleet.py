@@ -9,6 +9,7 @@ sandbox process or cgroup is left.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -223,3 +224,82 @@ def test_max_starting_default_comes_from_the_environment(monkeypatch):
         SandboxPool(lambda: LocalSandbox(SMALL))
     with pytest.raises(ConfigError, match="max_starting must be a positive int"):
         SandboxPool(lambda: LocalSandbox(SMALL), max_starting=0)
+
+
+# -- the whole-episode deadline (RolloutConfig.episode_timeout) over real sandboxed calls --------------------
+ENDLESS = RolloutConfig(
+    max_turns=100_000, max_new_tokens=128, max_total_tokens=1_000_000, episode_timeout=3.0
+)
+
+
+async def test_an_episode_that_keeps_making_short_tool_calls_ends_at_its_deadline(renderer):
+    env = Graded(tool_timeout=25.0, grade_timeout=25.0)
+    t = time.monotonic()
+    try:
+        traj = await run_episode(env, turns(renderer, python_call("print(1)")), renderer, ENDLESS, seed=1)
+    finally:
+        await env.close()
+    took = time.monotonic() - t
+    assert traj.stop_reason is StopReason.DEADLINE and traj.truncated and not traj.infra_failure, traj.errors
+    assert len(traj.tool_calls) >= 2 and all(r.status is ToolStatus.OK for r in traj.tool_calls)
+    assert 3.0 <= took < 5.0, f"the episode ran {took:.1f} s past a 3 s deadline"
+
+
+@pytest.mark.parametrize("where", ["call", "grade"])
+async def test_a_deadline_mid_call_or_mid_grade_cancels_it_and_leaves_no_sandbox(renderer, where):
+    if where == "call":  # each step's own deadline (25 s) is longer than what is left of the episode's
+        env = Graded(tool_timeout=25.0)
+        script = turns(renderer, python_call(SLEEP), "done")
+    else:
+        env = Graded(grade_code=SLEEP, grade_timeout=25.0)
+        script = turns(renderer, "The answer is 4.")
+    cfg = dataclasses.replace(ENDLESS, episode_timeout=2.0)
+    t = time.monotonic()
+    try:
+        traj = await run_episode(env, script, renderer, cfg, seed=1)
+    finally:
+        await env.close()
+    took = time.monotonic() - t
+    assert traj.stop_reason is StopReason.DEADLINE and traj.truncated and not traj.infra_failure, traj.errors
+    assert "while the env stepped turn 0" in traj.errors[0].message
+    assert not traj.tool_calls and not traj.rewards  # the cut step recorded nothing, and no reward 0
+    assert took < 4.0, took
+
+
+class GatedReset(LocalSandbox):
+    """A real LocalSandbox whose reset waits for ``gate`` first, so a test can hold a reset in progress."""
+
+    gate: asyncio.Event
+
+    async def reset(self) -> None:
+        await self.gate.wait()
+        await super().reset()
+
+
+async def test_a_reset_holds_a_start_permit_so_a_new_start_waits_behind_it():
+    GatedReset.gate = asyncio.Event()
+    got: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    done = asyncio.Event()
+
+    async with SandboxPool(lambda: GatedReset(SMALL), size=2, warm=0, max_starting=1) as pool:
+
+        async def borrow() -> None:
+            async with pool.acquire() as sb:
+                got.set_result(sb)
+                await done.wait()
+
+        async with pool.acquire():
+            pass  # released: its reset (a fresh session) takes the only start permit and waits on the gate
+        second = asyncio.ensure_future(borrow())
+        deadline = time.monotonic() + 10
+        while pool.stats.start_waiting == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        stats = pool.stats
+        assert (stats.starting, stats.start_waiting, stats.live) == (1, 1, 2), stats
+        assert not got.done()
+        GatedReset.gate.set()
+        sb = await asyncio.wait_for(got, 20)
+        assert (await sb.run("print(5)")).stdout == "5\n"
+        assert pool.stats.most_starting == 1 and pool.stats.resets == 1
+        done.set()
+        await second

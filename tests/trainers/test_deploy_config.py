@@ -90,6 +90,7 @@ def test_an_old_flat_config_json_loads_with_its_deployment_lifted(tmp_path):
     newer = written.keys() - nested.keys() - {"deploy"}  # settings added since the fixture: their defaults
     defaults = ungrouped(config_to_dict(TrainConfig()))
     assert {k: written[k] for k in newer} == {k: defaults[k] for k in newer}
+    assert written["rollout"].pop("episode_timeout") == 1800.0  # new since the fixture: its default
     assert {k: v for k, v in written.items() if k not in newer} == {
         **nested,
         "deploy": dataclasses.asdict(OLD_DEPLOY),
