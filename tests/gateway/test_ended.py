@@ -5,7 +5,9 @@ awaiting its reward, never rewarded."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+import tracemalloc
 
 import anthropic
 import openai
@@ -134,3 +136,31 @@ async def test_late_requests_over_http_get_the_409_their_client_reads(renderer):
                 model="p", max_tokens=16, messages=[{"role": "user", "content": "hi"}]
             )
         await claude.close()
+
+
+async def test_memory_stays_flat_once_the_bound_is_reached(renderer):
+    """The Python heap traced over sessions 300 to 500 of a gateway that remembers 100 ended ids stays flat
+    (unbounded, each ended session kept about 250 bytes: 50 kB over these 200)."""
+    core = GatewayCore(scripted(renderer), renderer, ended=EndedSessions(max_ids=100))
+    core.policy.calls = _Nothing()  # the scripted policy keeps every prompt otherwise
+    sizes = []
+    try:
+        for i in range(500):
+            if i == 200:  # past the bound and warm: trace from here
+                tracemalloc.start()
+            if i == 300:  # the ids remembered now were all made while tracing
+                gc.collect()
+                sizes.append(tracemalloc.get_traced_memory()[0])
+            sid = f"{i:08d}{'x' * 24}"  # as long as a uuid4().hex
+            await core.chat(sid, {"model": "m", "messages": START})
+            await core.finish(sid, 1.0)
+        gc.collect()
+        sizes.append(tracemalloc.get_traced_memory()[0])
+    finally:
+        tracemalloc.stop()
+    assert len(core.ended) == 100 and sizes[1] - sizes[0] < 16_000, sizes
+
+
+class _Nothing(list):  # type: ignore[type-arg]
+    def append(self, item: object) -> None:
+        pass
