@@ -541,8 +541,8 @@ class GatewayCore:
         """Close every open session without a request for more than ``timeout`` seconds; return their ids.
 
         A session that sampled something is recorded as cancelled (an infrastructure failure: never
-        trained on, never scored 0); one that did not is dropped. A session with a request in flight is
-        not idle. Later requests to an expired session get a 409 ``session_expired``.
+        trained on, never scored 0); one that did not is dropped. A session with a request in flight or
+        held by :meth:`busy` is not idle. Later requests to an expired session get ``session_expired``.
         """
         now = time.monotonic() if now is None else now
         expired = []
