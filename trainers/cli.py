@@ -85,7 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
         dest="judge_url",
         help="judge endpoint for an env that takes a reward argument (default: the run's --reward.*)",
     )
-    ev.add_argument("--reward.judge-model", dest="judge_model", default="judge", help="the judge's model")
+    ev.add_argument(
+        "--reward.judge-model",
+        dest="judge_model",
+        default=None,
+        help="the judge's model (default: the run's, else 'judge')",
+    )
     ev.add_argument("--json", action="store_true", help="print the report as JSON")
 
     chk = sub.add_parser(
@@ -201,13 +206,20 @@ def _check_sandbox(env_id: str, env: object) -> None:
 
 
 def _eval_env_kwargs(ns: argparse.Namespace, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The run's env arguments, with ``--reward.judge-url`` (a judge for ``judged-v0`` or any env taking
-    ``reward``) in place of the run's."""
-    if ns.judge_url is None:
+    """The run's env arguments, with ``--reward.judge-url``/``--reward.judge-model`` (a judge for
+    ``judged-v0`` or any env taking ``reward``) in place of the run's judge. The run's other ``--reward.*``
+    settings stay as training used them (:meth:`RewardConfig.with_judge`: a group judge stays a group
+    judge); an env given no reward settings gets a judge with the defaults."""
+    if ns.judge_url is None and ns.judge_model is None:
         return kwargs
     from agentrl.rewards import RewardConfig
 
-    return {**(kwargs or {}), "reward": RewardConfig(judge_url=ns.judge_url, judge_model=ns.judge_model)}
+    base = (kwargs or {}).get("reward")
+    if isinstance(base, dict):
+        base = RewardConfig(**base)
+    if not isinstance(base, RewardConfig) or not base.enabled:
+        base = RewardConfig()
+    return {**(kwargs or {}), "reward": base.with_judge(ns.judge_url, ns.judge_model)}
 
 
 def _eval(ns: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ file's per-answer criteria.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -99,6 +100,25 @@ class RewardConfig:
         """Whether the env scores each answer with a rubric (False when the judge scores groups only:
         ``--reward.relative-judge`` with ``--reward.judge-url``)."""
         return self.enabled and not (self.relative_judge and self.rubric is None)
+
+    def with_judge(self, url: str | None, model: str | None = None) -> RewardConfig:
+        """These settings with their judge at ``url`` as ``model`` (None keeps this config's): how ``agentrl
+        eval --reward.judge-url`` and ``replay --rescore --judge-url`` point a run's ``--reward.*`` at another
+        judge, every other setting (the group judge, parser, criterion, limits, cache) as training used it.
+
+        Raises:
+            ConfigError: the settings name a rubric file (its judges are in the file), or no URL is given or
+                set.
+        """
+        if self.rubric is not None:
+            raise ConfigError(
+                f"the reward comes from the rubric file {self.rubric}, which names its own judge; a judge "
+                "URL cannot stand in for it (edit a copy of the file instead)"
+            )
+        url = url or self.judge_url
+        if url is None:
+            raise ConfigError("--reward.judge-model needs a judge: give --reward.judge-url URL too")
+        return dataclasses.replace(self, judge_url=url, judge_model=model or self.judge_model)
 
     def rubric_for_run(self) -> Rubric:
         """The rubric these settings describe (built once per process and config).

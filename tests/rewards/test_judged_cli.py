@@ -102,6 +102,10 @@ def test_judged_env_trains_evaluates_and_rescores_from_the_cli(judges, terse_mod
     ckpt = next((run / "checkpoints").iterdir())
     assert cli_main(["eval", "--model", str(ckpt), "--tasks", "2", "--k", "1"]) == 0
     assert "judge=0.700" in capsys.readouterr().out
+    # ... and another judge's URL: judge B, asked with the run's settings (its temperature 0.5)
+    evaluate = ["eval", "--model", str(ckpt), "--tasks", "2", "--k", "1", "--reward.judge-url", f"{b.url}/v1"]
+    assert cli_main(evaluate) == 0
+    assert "judge=0.200" in capsys.readouterr().out
 
 
 def _train(run, model, *reward: str) -> None:
@@ -152,6 +156,11 @@ def test_a_group_judged_run_trains_rescores_and_evaluates_from_the_cli(
     ckpt = next((run / "checkpoints").iterdir())
     assert cli_main(["eval", "--model", str(ckpt), "--tasks", "2", "--k", "2"]) == 0
     assert "relative=0.450" in capsys.readouterr().out
+    # ... and with another judge's URL it stays a group judge, as training built it (judge B ranks the groups)
+    sent = len(b.core.policy.calls)
+    evaluate = ["eval", "--model", str(ckpt), "--tasks", "2", "--k", "2", "--reward.judge-url", f"{b.url}/v1"]
+    assert cli_main(evaluate) == 0
+    assert "relative=0.450" in capsys.readouterr().out and len(b.core.policy.calls) == sent + 2
 
 
 def test_a_rubric_run_is_rejudged_with_another_rubric_file(judges, terse_model, tmp_path, capsys):

@@ -159,18 +159,8 @@ async def serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with Gateway(
-            policy,
-            renderer,
-            gateway_cfg,
-            store=store,
-            host=cfg.host,
-            port=cfg.port,
-            api_key=api_key,
-            allow_unauthenticated=cfg.allow_unauthenticated,
-            log_requests=cfg.log_requests,
-            session_timeout=cfg.session_timeout,
-            reward_deadline=cfg.reward_deadline,
+        async with Gateway.from_serve_config(
+            cfg, policy, renderer, gateway_cfg, store=store, api_key=api_key
         ) as gw:
             auth = "Authorization: Bearer <key> required" if api_key else "no API key (any is accepted)"
             print(

@@ -10,14 +10,14 @@ actor.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import math
 import re
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from agentrl.chat import ChatRenderer
@@ -26,6 +26,7 @@ from agentrl.protocols import FinishReason, Generation, Policy, Sampling, Trajec
 from agentrl.tools import get_parser
 from agentrl.types import EpisodeFailure, Message, StopReason, Trajectory, TrajectoryMeta
 
+from .ended import Awaiting, EndedSessions, Why
 from .session import FinishKind, GatewayConfig, Session, Turn
 from .wire import ChatRequest, GatewayError, WireMessage, completion_body, models_list, parse_chat_request
 from .wire_anthropic import MESSAGES_API, message_body, parse_messages_request
@@ -39,17 +40,6 @@ CHAT_API = "chat.completions"
 
 REWARD_MISSING = "RewardMissing"
 """The failure kind of a session that ended without a reward and got none before the deadline (infra)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Awaiting:
-    """A session that ended without its reward (``finish`` without one), until the reward or the deadline."""
-
-    session: Session
-    info: dict[str, Any]
-    """The ``info`` given when it ended (a later post's ``info`` is merged over it)."""
-    deadline: float
-    """``time.monotonic()`` after which it is recorded as never rewarded."""
 
 
 log = logging.getLogger(__name__)
@@ -72,6 +62,8 @@ class GatewayCore:
             infrastructure failure, never trained on). None: the reward must come with :meth:`finish`.
         on_session: Called with each recorded session's trajectories, after the store has them (live
             training: :class:`~agentrl.trainers.gateway.live.LiveGroups` forms groups from them).
+        ended: Which ended sessions are remembered, and for how long, so that a late request is told why it
+            is refused (:class:`~agentrl.trainers.gateway.ended.EndedSessions`: an hour, 100,000 at most).
     """
 
     def __init__(
@@ -84,6 +76,7 @@ class GatewayCore:
         auto_sessions: bool = True,
         reward_deadline: float | None = None,
         on_session: Callable[[tuple[Trajectory, ...]], None] | None = None,
+        ended: EndedSessions | None = None,
     ):
         if reward_deadline is not None and not (
             isinstance(reward_deadline, int | float)
@@ -101,21 +94,20 @@ class GatewayCore:
         self.parser = get_parser(self.config.parser)
         self.tools_in_template = self._tools_in_template()
         self.sessions: dict[str, Session] = {}
-        self._finished: set[str] = set()
+        self.ended = ended if ended is not None else EndedSessions()
+        """Sessions that ended (finished, expired, never rewarded), for a bounded time and count."""
         self._results: dict[str, tuple[Trajectory, ...]] = {}
         self._seen: dict[str, float] = {}
         """When each open session last had a request (``time.monotonic``), for idle expiry."""
-        self._expired: dict[str, float] = {}
-        """Sessions closed for idleness, with the timeout that closed them."""
+        self._busy: dict[str, int] = {}
+        """Open sessions with requests the HTTP layer holds (:meth:`busy`): never idle meanwhile."""
         self._apis: dict[str, str] = {}
         """The API each session speaks (its first model turn's)."""
         self.stored: dict[str, dict[str, tuple[tuple[WireMessage, ...], dict[str, Any]]]] = {}
         """Per session, the Responses API's stored responses: id -> (the conversation up to and including
         it, for ``previous_response_id``; its response object, for ``GET /v1/responses/{id}``)."""
-        self._awaiting: dict[str, _Awaiting] = {}
+        self._awaiting: dict[str, Awaiting] = {}
         """Sessions that ended without their reward, until it is posted or the deadline passes."""
-        self._unrewarded: set[str] = set()
-        """Sessions recorded as never rewarded (a late reward gets a 409 saying so)."""
         self.created = int(time.time())
 
     def _tools_in_template(self) -> bool:
@@ -132,7 +124,7 @@ class GatewayCore:
         """Open a session (its trajectories get ``meta``); return its id."""
         sid = session_id or uuid.uuid4().hex
         _check_id(sid)
-        if sid in self.sessions or sid in self._finished:
+        if sid in self.sessions or self.finished(sid):
             raise GatewayError(409, f"session {sid!r} already exists", code="session_exists")
         self.sessions[sid] = self._new(sid, meta)
         self._seen[sid] = time.monotonic()
@@ -150,24 +142,11 @@ class GatewayCore:
         )
 
     def _finished_error(self, sid: str) -> GatewayError:
-        if sid in self._expired:
-            return GatewayError(
-                409,
-                f"session {sid!r} expired: no request for {self._expired[sid]:g} s (--session-timeout); it "
-                "was recorded as cancelled (never trained on)",
-                code="session_expired",
-            )
-        if sid in self._awaiting:
-            return GatewayError(
-                409,
-                f"session {sid!r} has ended and awaits its reward (POST /s/{sid}/reward)",
-                code="session_finished",
-            )
-        return GatewayError(409, f"session {sid!r} is already finished", code="session_finished")
+        return self.ended.refusal(sid, awaiting=sid in self._awaiting)
 
     def _session(self, sid: str, *, create: bool) -> Session:
         _check_id(sid)
-        if sid in self._finished:
+        if self.finished(sid):
             raise self._finished_error(sid)
         s = self.sessions.get(sid)
         if s is None:
@@ -310,7 +289,7 @@ class GatewayCore:
             )
         self._seen[sid] = time.monotonic()
         async with s.lock:
-            if sid in self._finished:
+            if self.finished(sid):
                 raise self._finished_error(sid)
             prompt = s.prepare(req)
             self._apis[sid] = api
@@ -416,15 +395,32 @@ class GatewayCore:
         return None
 
     def finished(self, sid: str) -> bool:
-        """True once session ``sid`` is finished (by anyone)."""
-        return sid in self._finished
+        """True once session ``sid`` is finished (by anyone), while :attr:`ended` remembers it."""
+        return sid in self.ended or sid in self._awaiting
+
+    @contextlib.contextmanager
+    def busy(self, sid: str) -> Iterator[None]:
+        """Hold open session ``sid`` as not idle while a request of it is handled (the HTTP layer holds it
+        from the request's arrival, so time spent waiting for the event loop or the policy in a saturated
+        gateway is not idle time); its idle time restarts when the request is done."""
+        held = sid in self.sessions
+        if held:
+            self._busy[sid] = self._busy.get(sid, 0) + 1
+        try:
+            yield
+        finally:
+            if held and sid in self._busy:
+                if (n := self._busy.pop(sid) - 1) > 0:
+                    self._busy[sid] = n
+                if sid in self._seen:
+                    self._seen[sid] = time.monotonic()
 
     def take_result(self, sid: str) -> tuple[Trajectory, ...]:
         """The trajectories of a session the agent finished over HTTP (handed out once)."""
         return self._results.pop(sid, ())
 
     async def _close(self, s: Session, reward: float, info: dict[str, Any]) -> tuple[Trajectory, ...]:
-        if s.id in self._finished:
+        if self.finished(s.id):
             raise GatewayError(409, f"session {s.id!r} is already finished", code="session_finished")
         trajs = await self._record(s, reward, info)
         self._forget(s.id)
@@ -432,11 +428,14 @@ class GatewayCore:
 
     def _forget(self, sid: str) -> None:
         """Session ``sid`` takes no more requests (it was recorded, or it awaits its reward)."""
-        self._finished.add(sid)
-        self.sessions.pop(sid, None)
-        self._apis.pop(sid, None)
-        self._seen.pop(sid, None)
-        self.stored.pop(sid, None)
+        self._ended(sid, "finished")
+        for held in (self.sessions, self._apis, self._seen, self._busy, self.stored):
+            held.pop(sid, None)
+
+    def _ended(self, sid: str, why: Why, timeout: float = 0.0) -> None:
+        """Remember how ``sid`` ended; what :attr:`ended` forgets, an unclaimed result goes with."""
+        for gone in self.ended.mark(sid, why, timeout=timeout):
+            self._results.pop(gone, None)
 
     async def _record(self, s: Session, reward: float, info: dict[str, Any]) -> tuple[Trajectory, ...]:
         """Build session ``s``'s trajectories with ``reward``, store them and hand them to ``on_session``.
@@ -469,11 +468,11 @@ class GatewayCore:
         s = self._session(sid, create=False)
         _refuse_in_flight(s, wait)
         async with s.lock:
-            if sid in self._finished:
+            if self.finished(sid):
                 raise self._finished_error(sid)
             self._forget(sid)
             deadline = time.monotonic() + self.reward_deadline
-            self._awaiting[sid] = _Awaiting(s, dict(info or {}), deadline)
+            self._awaiting[sid] = Awaiting(s, dict(info or {}), deadline)
         return self.reward_deadline
 
     def awaiting_reward(self, sid: str) -> bool:
@@ -491,7 +490,8 @@ class GatewayCore:
         _check_id(sid)
         waiting = self._awaiting.pop(sid, None)
         if waiting is None:
-            if sid in self._unrewarded:
+            ended = self.ended.get(sid)
+            if ended is not None and ended.why == "unrewarded":
                 raise GatewayError(
                     409,
                     f"session {sid!r} was recorded as never rewarded: its reward deadline "
@@ -504,6 +504,7 @@ class GatewayCore:
         except BaseException:
             self._awaiting[sid] = waiting  # a failed write: the reward may be posted again
             raise
+        self._ended(sid, "finished")  # kept from now: the session was recorded now
         if keep:
             self._results[sid] = trajs
         return trajs
@@ -513,6 +514,8 @@ class GatewayCore:
         stops) as never rewarded: an infrastructure failure of kind :data:`REWARD_MISSING`, never trained
         on, never scored 0. Returns their ids."""
         now = time.monotonic() if now is None else now
+        for gone in self.ended.prune(now):  # the reaper's tick: forget what ran out of time
+            self._results.pop(gone, None)
         late = []
         for sid, w in list(self._awaiting.items()):
             if why is None and now < w.deadline:
@@ -530,7 +533,7 @@ class GatewayCore:
                 s.errors.pop()
                 self._awaiting[sid] = w  # a failed write: try again later
                 raise
-            self._unrewarded.add(sid)
+            self._ended(sid, "unrewarded")
             late.append(sid)
         return late
 
@@ -538,14 +541,14 @@ class GatewayCore:
         """Close every open session without a request for more than ``timeout`` seconds; return their ids.
 
         A session that sampled something is recorded as cancelled (an infrastructure failure: never
-        trained on, never scored 0); one that did not is dropped. A session with a request in flight is
-        not idle. Later requests to an expired session get a 409 ``session_expired``.
+        trained on, never scored 0); one that did not is dropped. A session with a request in flight or
+        held by :meth:`busy` is not idle. Later requests to an expired session get ``session_expired``.
         """
         now = time.monotonic() if now is None else now
         expired = []
         for sid, s in list(self.sessions.items()):
             idle = now - self._seen.get(sid, now)
-            if idle <= timeout or s.lock.locked():
+            if idle <= timeout or s.lock.locked() or sid in self._busy:
                 continue
             if s.turns or s.candidates:
                 await self.abort(
@@ -555,10 +558,8 @@ class GatewayCore:
                     StopReason.CANCELLED,
                 )
             else:
-                self.sessions.pop(sid, None)
-                self._finished.add(sid)
-            self._expired[sid] = timeout
-            self._seen.pop(sid, None)
+                self._forget(sid)
+            self._ended(sid, "expired", timeout)
             expired.append(sid)
         return expired
 

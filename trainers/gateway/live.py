@@ -246,19 +246,9 @@ def live_source(serve: ServeConfig, api_key: str | None, run_dir: Path) -> Sourc
         live = LiveGroups(cfg.batch.group_size, ledger=run_dir / LEDGER_FILE)
         store = JsonlStore(run_dir / SESSIONS_FILE, mode="append")
         try:
-            async with Gateway(
-                policy,
-                renderer,
-                gateway_settings(serve, cfg),
-                store=store,
-                host=serve.host,
-                port=serve.port,
-                api_key=api_key,
-                allow_unauthenticated=serve.allow_unauthenticated,
-                log_requests=serve.log_requests,
-                session_timeout=serve.session_timeout,
-                reward_deadline=serve.reward_deadline,
-                on_session=live.add,
+            settings = gateway_settings(serve, cfg)
+            async with Gateway.from_serve_config(
+                serve, policy, renderer, settings, store=store, api_key=api_key, on_session=live.add
             ) as gw:
                 print(
                     f"agentrl gateway --train: {cfg.model} at {gw.url}; agents use base_url "

@@ -38,7 +38,7 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -57,6 +57,9 @@ from .session import GatewayConfig
 from .wire import GatewayError, parse_finish, stream_chunks
 from .wire_anthropic import MESSAGES_API, anthropic_error, message_events, models_body, parse_messages_request
 from .wire_responses import RESPONSES_API, encode_events, response_events
+
+if TYPE_CHECKING:
+    from .serve_config import ServeConfig
 
 __all__ = ["Gateway", "build_app", "check_exposure", "is_loopback"]
 
@@ -175,6 +178,8 @@ def _log_request(sid: str, status: int, out: dict[str, Any] | None, t0: float, i
     )
 
 
+Handler = Callable[[Request], Awaitable[Response]]
+"""A route's handler."""
 Answer = tuple[bool, dict[str, Any], Callable[[], Iterable[str]]]
 """What a turn route's core call returns: stream or not, the response body, its server-sent events."""
 
@@ -212,11 +217,9 @@ def build_app(core: GatewayCore, *, api_key: str | None = None, log_requests: bo
         stream, out = await core.messages(sid, body)
         return stream, out, lambda: encode_events(message_events(out))
 
-    def turn_route(api: str, call: Callable[[str, Any], Awaitable[Answer]]) -> Callable[..., Any]:
+    def turn_route(api: str, call: Callable[[str, Any], Awaitable[Answer]]) -> Handler:
         async def route(request: Request) -> Response:
             nonlocal in_flight
-            if (denied := _unauthorized(request, api_key)) is not None:
-                return denied
             sid = request.path_params.get("sid", "-")  # "-": the session-less route
             t0, others = time.perf_counter(), in_flight
             in_flight += 1
@@ -228,7 +231,7 @@ def build_app(core: GatewayCore, *, api_key: str | None = None, log_requests: bo
                 _log_request(sid, response.status_code, out, t0, others + 1)
             return response
 
-        return route
+        return guarded(route)
 
     async def _turn(
         request: Request, sid: str, api: str, call: Callable[[str, Any], Awaitable[Answer]]
@@ -262,8 +265,6 @@ def build_app(core: GatewayCore, *, api_key: str | None = None, log_requests: bo
         return StreamingResponse(sse(), media_type="text/event-stream"), out
 
     async def count_tokens(request: Request) -> Response:
-        if (denied := _unauthorized(request, api_key)) is not None:
-            return denied
         try:
             req = parse_messages_request(await _json_body(request), count_only=True)
             return JSONResponse({"input_tokens": core.count_tokens(req)})
@@ -271,15 +272,11 @@ def build_app(core: GatewayCore, *, api_key: str | None = None, log_requests: bo
             return _api_error(MESSAGES_API, e)
 
     async def models(request: Request) -> Response:
-        if (denied := _unauthorized(request, api_key)) is not None:
-            return denied
         if _api_of(request) == MESSAGES_API:  # the anthropic client lists models in its own form
             return JSONResponse(models_body(core.config.model_name, core.created))
         return JSONResponse(core.models())
 
     async def retrieve(request: Request) -> Response:
-        if (denied := _unauthorized(request, api_key)) is not None:
-            return denied
         sid, rid = request.path_params["sid"], request.path_params["rid"]
         for param in ("stream", "include", "starting_after"):
             if param in request.query_params and not (
@@ -299,8 +296,6 @@ def build_app(core: GatewayCore, *, api_key: str | None = None, log_requests: bo
         return await record(request, reward_optional=False)
 
     async def record(request: Request, *, reward_optional: bool) -> Response:
-        if (denied := _unauthorized(request, api_key)) is not None:
-            return denied
         sid = request.path_params["sid"]
         try:
             reward, info = parse_finish(await _json_body(request), reward_optional=reward_optional)
@@ -336,6 +331,19 @@ def build_app(core: GatewayCore, *, api_key: str | None = None, log_requests: bo
             }
         )
 
+    def guarded(handler: Handler) -> Handler:
+        """``handler`` behind the key check, holding its session busy from the request's arrival to its
+        answer: a request waiting in a saturated gateway (for the event loop, for the policy) is not idle
+        time for ``--session-timeout``."""
+
+        async def route(request: Request) -> Response:
+            if (denied := _unauthorized(request, api_key)) is not None:
+                return denied
+            with core.busy(request.path_params.get("sid", "-")):
+                return await handler(request)
+
+        return route
+
     async def health(request: Request) -> Response:
         return JSONResponse({"ok": True, "open_sessions": len(core.sessions)})
 
@@ -355,11 +363,11 @@ def build_app(core: GatewayCore, *, api_key: str | None = None, log_requests: bo
             Route("/s/{sid}/v1/chat/completions", turn_route(CHAT_API, answer_chat), methods=["POST"]),
             Route("/s/{sid}/v1/responses", turn_route(RESPONSES_API, answer_responses), methods=["POST"]),
             Route("/s/{sid}/v1/messages", turn_route(MESSAGES_API, answer_messages), methods=["POST"]),
-            Route("/s/{sid}/v1/messages/count_tokens", count_tokens, methods=["POST"]),
-            Route("/s/{sid}/v1/models", models, methods=["GET"]),
-            Route("/s/{sid}/v1/responses/{rid}", retrieve, methods=["GET"]),
-            Route("/s/{sid}/finish", finish, methods=["POST"]),
-            Route("/s/{sid}/reward", post_reward, methods=["POST"]),
+            Route("/s/{sid}/v1/messages/count_tokens", guarded(count_tokens), methods=["POST"]),
+            Route("/s/{sid}/v1/models", guarded(models), methods=["GET"]),
+            Route("/s/{sid}/v1/responses/{rid}", guarded(retrieve), methods=["GET"]),
+            Route("/s/{sid}/finish", guarded(finish), methods=["POST"]),
+            Route("/s/{sid}/reward", guarded(post_reward), methods=["POST"]),
             Route("/health", health, methods=["GET"]),
             Route("/v1/chat/completions", turn_route(CHAT_API, answer_stateless), methods=["POST"]),
         ],
@@ -447,6 +455,37 @@ class Gateway:
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
 
+    @classmethod
+    def from_serve_config(
+        cls,
+        serve: ServeConfig,
+        policy: Policy,
+        renderer: ChatRenderer,
+        config: GatewayConfig,
+        *,
+        store: TrajectoryStore,
+        api_key: str | None,
+        on_session: Callable[[tuple[Trajectory, ...]], None] | None = None,
+    ) -> Gateway:
+        """The gateway ``agentrl gateway`` serves, with or without ``--train``: ``serve``'s address, exposure,
+        request log, session timeout and reward deadline, in front of ``policy`` with ``config`` (the
+        command's settings, or live training's with the trainer's limits). ``api_key`` is the resolved key
+        (``--api-key`` or the environment's)."""
+        return cls(
+            policy,
+            renderer,
+            config,
+            store=store,
+            host=serve.host,
+            port=serve.port,
+            api_key=api_key,
+            allow_unauthenticated=serve.allow_unauthenticated,
+            log_requests=serve.log_requests,
+            session_timeout=serve.session_timeout,
+            reward_deadline=serve.reward_deadline,
+            on_session=on_session,
+        )
+
     @property
     def url(self) -> str:
         """``http://HOST:PORT``."""
@@ -488,13 +527,18 @@ class Gateway:
 
     async def _expire(self) -> None:
         """Close idle sessions and record those whose reward deadline passed, every few seconds (a quarter of
-        the shorter limit, at most 5 s apart)."""
+        the shorter limit, at most 5 s apart).
+
+        A tick that wakes late saw the event loop stalled (a saturated gateway): requests sent meanwhile may
+        still sit unread in their sockets, so the stall is not counted as idle time."""
         timeout, deadline = self.session_timeout, self.core.reward_deadline
+        tick = min(t / 4 for t in (timeout, deadline, 20.0) if t is not None)
         while True:
-            await asyncio.sleep(min(t / 4 for t in (timeout, deadline, 20.0) if t is not None))
+            due = time.monotonic() + tick
+            await asyncio.sleep(tick)
             try:
-                if timeout is not None:
-                    for sid in await self.core.expire_idle(timeout):
+                if timeout is not None:  # idleness as of when the tick was due: a stall is not idle time
+                    for sid in await self.core.expire_idle(timeout, now=min(time.monotonic(), due)):
                         log.info("session %s expired after %g s without a request", sid, timeout)
                 for sid in await self.core.expire_rewards():
                     log.info(

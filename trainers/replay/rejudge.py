@@ -89,12 +89,7 @@ def rejudge_env_kwargs(env_kwargs: dict[str, Any], ns: argparse.Namespace) -> di
     if rubric is not None:
         new = dataclasses.replace(reward, judge_url=None, rubric=str(rubric), cache=cache)
     else:
-        new = dataclasses.replace(
-            reward,
-            judge_url=ns.judge_url or reward.judge_url,
-            judge_model=ns.judge_model or reward.judge_model,
-            cache=cache,
-        )
+        new = dataclasses.replace(reward.with_judge(ns.judge_url, ns.judge_model), cache=cache)
     return {**env_kwargs, "reward": new}
 
 
