@@ -75,6 +75,10 @@ RAY_GROUPS = ("test_async_ray.py", "test_chaos.py")
 # gains (docs/testing.md has the numbers).
 WORKERS_PER_CPU = 1.5
 MAX_AUTO_WORKERS = 8
+# The timeout of a Ray test that sets none (pyproject's default is 300 s): its driver, actors and cluster
+# share 2 cores with the other Ray groups and test workers, and a run that took 166 s beside them (2026-11-28,
+# idle machine) must not fail for being slow; a hang still fails.
+RAY_TIMEOUT_S = 600
 
 
 def group_of(nodeid: str) -> str:
@@ -140,13 +144,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Every test on the Ray cluster fixture (tests/distributed/conftest.py) starts Ray: mark it ``ray``, so
     the fast tier (``-m "not slow and not ray and not gpu and not vllm"``, README "Testing") leaves it out
     whoever writes the next one. A test that starts Ray another way carries ``@pytest.mark.ray`` itself, and
-    lives in tests/distributed too (its group under ``-n``). An ``experiment`` test (an experiment-scale run)
-    is ``slow`` too. In an xdist worker, the tests are put in their groups' hand-out order."""
+    lives in tests/distributed too (its group under ``-n``). A Ray test without a timeout of its own gets
+    RAY_TIMEOUT_S. An ``experiment`` test (an experiment-scale run) is ``slow`` too. In an xdist worker, the
+    tests are put in their groups' hand-out order."""
     for item in items:
         if "cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.ray)
         if item.get_closest_marker("experiment") is not None:
             item.add_marker(pytest.mark.slow)  # an experiment-scale run is never in the fast tier
+        if item.get_closest_marker("ray") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(RAY_TIMEOUT_S))
         if item.get_closest_marker("ray") is not None and not group_of(item.nodeid).startswith(RAY_FOLDER):
             raise pytest.UsageError(
                 f"{item.nodeid} starts Ray, so it belongs in {RAY_FOLDER}: under -n that folder's groups run "
