@@ -55,10 +55,10 @@ def renderer(tok):
 # time, and a group runs on one worker:
 # - tests/distributed (every Ray test lives there) is split in RAY_GROUPS: the modules named there are each
 #   a group of their own, and the rest of the folder is one group. A group that uses the `cluster` fixture
-#   starts its worker's session cluster (each such worker has one): the Ray group was the suite's critical
-#   path on one worker, mostly waiting on process starts and the scripted sampler's sleeps, so two clusters
-#   side by side finish sooner than one doing it all. The chaos soak starts its own `ray start` cluster and
-#   runs for a fixed three minutes, so it goes beside them instead of after them;
+#   starts its worker's session cluster (each such worker has one): as one group on one worker the Ray
+#   tests were the second tier's critical path while the other workers ran out of work, so two groups run
+#   side by side, each next to its own cluster. The chaos soak starts its own `ray start` cluster and runs a
+#   fixed three minutes, so it goes beside them instead of after them. `RAY_GROUPS = ()`: one group again;
 # - tests/sandbox: their leak check (tests/sandbox/conftest.py) compares the host's mount table and /tmp
 #   before and after each test, and another worker's Docker containers would change both;
 # - every other module on its own: a module-scoped fixture (a replay module's training run) then runs once,
