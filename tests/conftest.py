@@ -53,48 +53,74 @@ def renderer(tok):
 # --- running in parallel (pytest-xdist; docs/testing.md "Running in parallel") ----------------------------
 # `-n N` (README and CI: `-n auto`) runs the suite in N worker processes. Tests are handed out a group at a
 # time, and a group runs on one worker:
-# - tests/distributed (every Ray test lives there, next to the `cluster` fixture): one worker starts the one
-#   session cluster; a second cluster on the same 2 cores would only slow both;
+# - tests/distributed (every Ray test lives there) is split in RAY_GROUPS: the modules named there are each
+#   a group of their own, and the rest of the folder is one group. A group that uses the `cluster` fixture
+#   starts its worker's session cluster (each such worker has one): as one group on one worker the Ray
+#   tests were the second tier's critical path while the other workers ran out of work, so two groups run
+#   side by side, each next to its own cluster. The chaos soak starts its own `ray start` cluster and runs a
+#   fixed three minutes, so it goes beside them instead of after them. `RAY_GROUPS = ()`: one group again;
 # - tests/sandbox: their leak check (tests/sandbox/conftest.py) compares the host's mount table and /tmp
 #   before and after each test, and another worker's Docker containers would change both;
 # - every other module on its own: a module-scoped fixture (a replay module's training run) then runs once,
 #   not once per worker, and a module's tests keep their order.
-# The long groups are handed out first, so that none of them starts last. The groups are read from the node
-# id alone, because the controller that hands them out never collects the tests. (xdist's own `loadgroup`
-# tags node ids through an attribute that pytest 9.2 no longer reads, so its groups would be ignored.)
+# The long groups are handed out first (HAND_OUT), so that none of them starts last. The groups are read
+# from the node id alone, because the controller that hands them out never collects the tests. (xdist's own
+# `loadgroup` tags node ids through an attribute that pytest 9.2 no longer reads, so its groups would be
+# ignored.)
 RAY_FOLDER, SANDBOX_FOLDER = "tests/distributed/", "tests/sandbox/"
+# The modules of RAY_FOLDER that are a group of their own (docs/testing.md has their times).
+RAY_GROUPS = ("test_async_ray.py", "test_chaos.py")
 # `-n auto` starts this many workers per CPU (at most MAX_AUTO_WORKERS): the suite's tests wait on
 # subprocesses, sandboxes, servers and Ray as much as they compute, so a worker more than the cores still
 # gains (docs/testing.md has the numbers).
 WORKERS_PER_CPU = 1.5
 MAX_AUTO_WORKERS = 8
+# The timeout of a Ray test that sets none (pyproject's default is 300 s): its driver, actors and cluster
+# share 2 cores with the other Ray groups and test workers, and a run that took 166 s beside them (2026-11-28,
+# idle machine) must not fail for being slow; a hang still fails.
+RAY_TIMEOUT_S = 600
 
 
 def group_of(nodeid: str) -> str:
     """The group a test runs in under ``-n`` (see above): a folder, or its module."""
     module = nodeid.split("::", 1)[0]
-    for folder in (RAY_FOLDER, SANDBOX_FOLDER):
-        if module.startswith(folder):
-            return folder
-    return module
+    if module.startswith(RAY_FOLDER):
+        return module if module[len(RAY_FOLDER) :] in RAY_GROUPS else RAY_FOLDER
+    return SANDBOX_FOLDER if module.startswith(SANDBOX_FOLDER) else module
 
 
-def _first(item: pytest.Item) -> int:
-    """Rank of a test's group in the hand-out order: Ray, then experiment-scale runs and the sandbox tests,
-    then the rest."""
+def _rank(item: pytest.Item) -> int:
+    """Rank of a test's group in the hand-out order: the Ray groups, then experiment-scale runs and the
+    sandbox tests, then the rest."""
     group = group_of(item.nodeid)
-    if group == RAY_FOLDER:
+    if group.startswith(RAY_FOLDER):
         return 0
     return 1 if group == SANDBOX_FOLDER or item.get_closest_marker("experiment") is not None else 2
 
 
+def hand_out_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The items with their groups in hand-out order: by rank, then the groups with more tests first (xdist's
+    own heuristic for the longest), then the collection order; a group's tests stay together and in order."""
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        groups.setdefault(group_of(item.nodeid), []).append(item)
+    rank = {g: min(_rank(i) for i in its) for g, its in groups.items()}
+    order = sorted(groups, key=lambda g: (rank[g], -len(groups[g])))  # stable: ties keep collection order
+    return [item for g in order for item in groups[g]]
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """Under ``-n`` (whose default ``--dist`` is ``load``) hand the tests out by ``group_of``; an explicitly
-    different ``--dist`` (loadfile, worksteal) is the caller's."""
+    """Under ``-n`` (whose default ``--dist`` is ``load``) hand the tests out by ``group_of``, in the order
+    the workers collected them (``hand_out_order``); an explicitly different ``--dist`` (loadfile,
+    worksteal) is the caller's."""
     if config.getoption("dist", "no") not in ("load", "loadgroup"):
         return None
     from xdist.scheduler import LoadScopeScheduling
+
+    # xdist would reorder the groups by their number of tests alone, putting a long group of two tests
+    # (the chaos soak, the OTB quick mode) last.
+    config.option.loadscopereorder = False
 
     class ByGroup(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
@@ -118,17 +144,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Every test on the Ray cluster fixture (tests/distributed/conftest.py) starts Ray: mark it ``ray``, so
     the fast tier (``-m "not slow and not ray and not gpu and not vllm"``, README "Testing") leaves it out
     whoever writes the next one. A test that starts Ray another way carries ``@pytest.mark.ray`` itself, and
-    lives in tests/distributed too (its group under ``-n``). An ``experiment`` test (an experiment-scale run)
-    is ``slow`` too. In an xdist worker, the tests are put in their groups' hand-out order."""
+    lives in tests/distributed too (its group under ``-n``). A Ray test without a timeout of its own gets
+    RAY_TIMEOUT_S. An ``experiment`` test (an experiment-scale run) is ``slow`` too. In an xdist worker, the
+    tests are put in their groups' hand-out order."""
     for item in items:
         if "cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.ray)
         if item.get_closest_marker("experiment") is not None:
             item.add_marker(pytest.mark.slow)  # an experiment-scale run is never in the fast tier
-        if item.get_closest_marker("ray") is not None and group_of(item.nodeid) != RAY_FOLDER:
+        if item.get_closest_marker("ray") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(RAY_TIMEOUT_S))
+        if item.get_closest_marker("ray") is not None and not group_of(item.nodeid).startswith(RAY_FOLDER):
             raise pytest.UsageError(
-                f"{item.nodeid} starts Ray, so it belongs in {RAY_FOLDER}: under -n that folder runs on one "
-                "worker, next to the one session cluster (tests/conftest.py)"
+                f"{item.nodeid} starts Ray, so it belongs in {RAY_FOLDER}: under -n that folder's groups run "
+                "each on one worker, next to that worker's session cluster (tests/conftest.py)"
             )
     if getattr(config, "workerinput", None) is not None:
-        items.sort(key=_first)  # stable: within a rank, the collection order (every worker sorts alike)
+        items[:] = hand_out_order(items)  # every worker collects alike, so every worker orders alike

@@ -1,7 +1,7 @@
 """The suite's parallel run (pytest-xdist, `-n auto` in the README and CI): tests/conftest.py hands tests out
-by group, so that every Ray test runs on the one worker that holds the session cluster, and a module's tests
-(and its module-scoped fixture) stay on one worker. Checked on a small generated suite under the real
-conftest."""
+by group, so that every Ray group runs on one worker, next to that worker's own session cluster, and a
+module's tests (and its module-scoped fixture) stay on one worker. Checked on a small generated suite under
+the real conftest."""
 
 import importlib.util
 import os
@@ -76,9 +76,18 @@ def workers(records: Path, kind: str) -> list[str]:
     return (records / kind).read_text().split()
 
 
+def load_conftest():
+    spec = importlib.util.spec_from_file_location("suite_conftest", CONFTEST)
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    return conftest
+
+
 def test_ray_tests_share_one_worker_and_a_module_its_fixture(tmp_path):
     suite, records = tmp_path / "suite", tmp_path / "records"
     (suite / "tests" / "distributed").mkdir(parents=True)
+    conftest = load_conftest()
+    split = conftest.RAY_GROUPS[0]  # a Ray module that is a group of its own
     records.mkdir()
     shutil.copy(CONFTEST, suite / "tests" / "conftest.py")
     markers = "".join(f"\n    {m}: {m}" for m in ("slow", "ray", "experiment"))
@@ -92,6 +101,7 @@ def test_ray_tests_share_one_worker_and_a_module_its_fixture(tmp_path):
         "tests/distributed/conftest.py": CLUSTER,
         "tests/distributed/test_first_ray.py": RAY_MODULE,
         "tests/distributed/test_second_ray.py": RAY_MODULE,
+        f"tests/distributed/{split}": RAY_MODULE.replace('record("ray")', 'record("split_ray")'),
         "tests/test_module_fixture.py": MODULE_WITH_FIXTURE,
         **{f"tests/test_other_{i}.py": OTHER_MODULE for i in range(4)},
     }
@@ -107,14 +117,61 @@ def test_ray_tests_share_one_worker_and_a_module_its_fixture(tmp_path):
         timeout=120,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "26 passed" in out.stdout, out.stdout[-3000:]
+    assert "29 passed" in out.stdout, out.stdout[-3000:]
     # -n auto started tests/conftest.py's count of workers, not xdist's one per CPU.
-    spec = importlib.util.spec_from_file_location("suite_conftest", CONFTEST)
-    conftest = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conftest)
     assert set(workers(records, "count")) == {str(conftest.pytest_xdist_auto_num_workers(None))}
     ray = workers(records, "ray")
-    assert len(ray) == 6 and len(set(ray)) == 1  # both Ray modules on one worker ...
-    assert workers(records, "cluster") == ray[:1]  # ... which started the one cluster
+    assert len(ray) == 6 and len(set(ray)) == 1  # both Ray modules of the folder's group on one worker ...
+    split_ray = workers(records, "split_ray")
+    assert len(split_ray) == 3 and len(set(split_ray)) == 1  # ... the split module on one worker ...
+    assert split_ray[0] != ray[0]  # ... another one, both handed out first
+    assert sorted(workers(records, "cluster")) == sorted([ray[0], split_ray[0]])  # a cluster each, once
     assert len(workers(records, "module_fixture")) == 1  # the module's fixture ran once
     assert len(set(workers(records, "other")) | set(ray)) >= 2  # and the run was parallel
+
+
+class Item:
+    """What ``hand_out_order`` reads of a pytest item: its node id and markers."""
+
+    def __init__(self, nodeid: str, *markers: str) -> None:
+        self.nodeid, self.markers = nodeid, markers
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return name if name in self.markers else None
+
+
+def test_the_long_groups_are_handed_out_first_and_stay_together():
+    conftest = load_conftest()
+    split = f"tests/distributed/{conftest.RAY_GROUPS[0]}"
+    items = [
+        Item("tests/test_a.py::t1"),
+        Item("tests/test_b.py::t1"),
+        Item("tests/test_b.py::t2"),
+        Item("tests/experiments/test_x.py::t", "experiment"),
+        Item(f"{split}::t1"),
+        Item("tests/test_a.py::t2"),
+        Item("tests/sandbox/test_s.py::t"),
+        Item("tests/distributed/test_r.py::t1"),
+        Item("tests/distributed/test_q.py::t1"),
+        Item("tests/distributed/test_r.py::t2"),
+        Item(f"{split}::t2"),
+        Item("tests/test_b.py::t3"),
+    ]
+    order = [i.nodeid for i in conftest.hand_out_order(items)]
+    assert order == [
+        # the Ray groups (the folder's, then the split module: fewer tests), each together and in order
+        "tests/distributed/test_r.py::t1",
+        "tests/distributed/test_q.py::t1",
+        "tests/distributed/test_r.py::t2",
+        f"{split}::t1",
+        f"{split}::t2",
+        # the experiment-scale run and the sandbox tests, in collection order (one test each)
+        "tests/experiments/test_x.py::t",
+        "tests/sandbox/test_s.py::t",
+        # the rest, a module at a time, the one with more tests first
+        "tests/test_b.py::t1",
+        "tests/test_b.py::t2",
+        "tests/test_b.py::t3",
+        "tests/test_a.py::t1",
+        "tests/test_a.py::t2",
+    ]

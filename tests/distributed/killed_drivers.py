@@ -1,5 +1,5 @@
-"""Drivers killed with SIGKILL mid-run and resumed, for the two driver-kill tests (test_ray_runtime's
-synchronous run, test_async_ray's run at --max-staleness 1).
+"""Drivers killed with SIGKILL mid-run and resumed, for the two driver-kill tests (test_killed_drivers.py: a
+synchronous run and one at --max-staleness 1).
 
 Both runs go side by side on the session cluster (``killed_drivers`` in conftest.py): most of a driver's
 time is process starts (the driver, then its learner, server and worker actors, twice) and the scripted

@@ -165,51 +165,6 @@ def test_a_rollout_worker_killed_during_async_training(cluster, tmp_path):
     assert all(sum(i.startswith(g + "-") for i in ids) == cfg.group_size for g in trained)
 
 
-# The fixture runs this test's driver side by side with test_ray_runtime's (killed_drivers.py): the first of
-# the two tests to run waits for both (about 2 min on 2 idle cores).
-@pytest.mark.timeout(900)
-def test_a_driver_killed_mid_async_run_resumes_within_the_bound(killed_drivers, tmp_path):
-    # 4 steps at S = 1, killed once step 1 is trained (its checkpoint written) and step 2's episodes are
-    # under way.
-    k = killed_drivers["async"]
-    assert k.error is None, k.error
-    run, before = k.run, k.before
-    traj = run / "trajectories.jsonl"
-    assert k.start is not None
-    start = k.start
-
-    assert k.returncode == 0, (k.stdout + k.stderr)[-3000:]
-    assert "resumed" in k.stdout
-    assert traj.read_text().splitlines()[: len(before)] == before  # nothing finished was lost or rewritten
-    rows = read_metrics(run)
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]
-    assert all(r["staleness/max"] <= 1 and r["async/max_staleness_seen"] <= 1 for r in rows)
-    # The resumed run (from the newest checkpoint) reused exactly the complete groups of its steps that
-    # weights it still had sampled (every turn's version <= the checkpoint's step).
-    (tmp_path / "before.jsonl").write_text("\n".join(before) + "\n")
-    members = defaultdict(list)
-    for t in read_trajectories(tmp_path / "before.jsonl"):  # a torn last line is skipped
-        members[t.meta.group_id].append(t)
-    reusable = sum(
-        len(ts)
-        for ts in members.values()
-        if len(ts) == 2
-        and ts[0].meta.step >= start
-        and max(v for t in ts for v in t.policy_versions) <= start
-    )
-    assert sum(r["episodes/reused"] for r in rows) == reusable
-    led = ledger_of(run)
-    for step in range(4):
-        c = led.check(step, settled=True)
-        assert c["trained"] == 4 and c["dropped"] == 0, (step, c)
-    # What each resumed step trained is within the bound: replay finds and reproduces it.
-    tok = resolve_tokenizer("tiny")
-    loaded = load_run(run)
-    for k in range(4):
-        report = reproduce_step(loaded, k, tokenizer=tok)
-        assert report.matches, (k, [c for c in report.checks if not c.match])
-
-
 def test_async_ray_cli_config_is_accepted(tmp_path):
     # The refusal of --max-staleness with --ray is gone; bad combinations still fail early.
     cfg = async_config(tmp_path, "cli", max_staleness=1, ray="local")

@@ -1,12 +1,12 @@
 """The Ray runtime on a real (small) Ray cluster: equivalence with the single-process trainer, and every fault
-the issue lists: a rollout worker killed, its node removed, an inference server killed, the driver SIGKILLed.
+the issue lists: a rollout worker killed, its node removed, an inference server killed (the driver SIGKILLed:
+test_killed_drivers.py).
 
 The sampler is the scripted math-tir policy (sleep-bound, plan chosen by the sampling seed), the envs and
 sandboxes are real, the learner is the tiny model."""
 
 import asyncio
 import dataclasses
-import json
 import time
 from collections import defaultdict
 
@@ -239,39 +239,6 @@ async def test_the_node_of_a_worker_removed_mid_step(cluster, tmp_path):
             await finish_step(rt, groups, 1)
     finally:
         add_rollout_node(cluster)  # give the module its capacity back
-
-
-# The fixture runs this test's driver side by side with test_async_ray's (killed_drivers.py): the first of the
-# two tests to run waits for both (about 2 min on 2 idle cores).
-@pytest.mark.timeout(900)
-def test_a_driver_killed_with_sigkill_resumes_from_the_ledger(killed_drivers):
-    k = killed_drivers["sync"]  # 3 steps, killed once two episodes of step 1 were written
-    assert k.error is None, k.error
-    run, before = k.run, k.before
-    traj = run / "trajectories.jsonl"
-    assert k.steps_before == [0]
-    done_before = k.done_before[1]
-
-    assert k.returncode == 0, (k.stdout + k.stderr)[-3000:]
-    assert "resumed" in k.stdout
-    assert traj.read_text().splitlines()[: len(before)] == before  # nothing finished was lost or rewritten
-    rows = read_metrics(run)
-    assert [r["step"] for r in rows] == [0, 1, 2]
-    # Groups of step 1 completed before the kill were reused, not sampled again.
-    complete = defaultdict(int)
-    for line in before:
-        rec = json.loads(line)
-        if rec["meta"]["step"] == 1:
-            complete[rec["group_id"]] += 1
-    reused = sum(n for n in complete.values() if n == 2)
-    assert rows[1]["episodes/reused"] == reused and reused >= 2 and done_before >= reused // 2
-    with GroupLedger(run / "ledger.jsonl") as ledger:
-        for step in range(3):
-            c = ledger.check(step, settled=True)
-            assert c["trained"] == 4 and c["dropped"] == 0, c
-    trained = [t for t in read_trajectories(run) if t.meta.step == 1]
-    ids = [t.meta.episode_id for t in trained]
-    assert len(ids) == len(set(ids))
 
 
 async def test_a_cluster_without_the_roles_resources_is_refused(cluster, tmp_path):
