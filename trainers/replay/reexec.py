@@ -57,7 +57,13 @@ AGENT_RECORD = (
 """Why a gateway record (``meta.extra["session_id"]``) is not re-executed."""
 
 ROLLOUT_ENDS = frozenset(
-    {StopReason.TURN_TOKENS, StopReason.MAX_TOKENS, StopReason.MAX_TURNS, StopReason.TEMPLATE_MISMATCH}
+    {
+        StopReason.TURN_TOKENS,
+        StopReason.MAX_TOKENS,
+        StopReason.MAX_TURNS,
+        StopReason.TEMPLATE_MISMATCH,
+        StopReason.DEADLINE,  # the episode's deadline cut it: the env never saw an end
+    }
 )
 """Stop reasons of episodes the rollout ended by its own limit, which the env never sees."""
 
