@@ -317,9 +317,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
         if ns.command == "train":
-            from agentrl.trainers import pg
+            from agentrl.trainers import train
 
-            return pg.main(_train_config(ns))
+            return train.main(_train_config(ns))
         if ns.command == "eval":
             return _eval(ns)
         if ns.command == "check":

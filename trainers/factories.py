@@ -2,8 +2,8 @@
 and what it resolved (:func:`prepare_run`), task order, the model's spec and precision, the learner's
 settings, the sampler, the env and its sandbox pool.
 
-The runtimes (trainers/local.py, trainers/distributed/) and the loop (trainers/loop.py) build on these; the
-trainer's entry point is :mod:`agentrl.trainers.pg`.
+The runtimes (trainers/local.py, trainers/ray/) and the loop (trainers/loop.py) build on these; the
+trainer's entry point is :mod:`agentrl.trainers.train`.
 """
 
 from __future__ import annotations

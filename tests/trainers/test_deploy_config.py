@@ -139,7 +139,7 @@ def test_python_code_of_the_flat_fields_gets_the_migration():
 
 
 def test_the_weights_dir_picks_the_shared_disk_transport(tmp_path):
-    from agentrl.trainers.distributed.runtime import RayOptions, RayRuntime
+    from agentrl.trainers.ray.runtime import RayOptions, RayRuntime
 
     run = RunDir(tmp_path / "r")
     run.path.mkdir()

@@ -9,7 +9,7 @@ import agentrl
 from agentrl.errors import ConfigError
 from agentrl.rollout import RolloutConfig
 from agentrl.trainers.cli import main as cli_main
-from agentrl.trainers.pg import TrainConfig
+from agentrl.trainers.train import TrainConfig
 from agentrl.trainers.train_setup import env_arguments
 
 
