@@ -303,3 +303,11 @@ def test_a_run_from_before_the_groups_resumes_replays_and_evaluates(tmp_path, ca
     assert cli_main(["eval", "--model", str(run), "--tasks", "1", "--k", "1", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["env"] == "calculator-v0" and report["episodes"] == 1
+
+
+def test_a_config_json_from_before_the_setting_loads_with_the_default():
+    # --older-checkpoints (lean checkpoints, agentrl.checkpoint) is a TrainConfig setting.
+    old = config_to_dict(TrainConfig())
+    del old["output"]["older_checkpoints"]  # what runs before lean checkpoints recorded
+    assert config_from_dict(TrainConfig, old).output.older_checkpoints == "exact"
+    assert "older_checkpoints" in RESUMABLE  # a resumed run may change it: it is not part of the experiment
