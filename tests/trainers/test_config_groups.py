@@ -204,6 +204,7 @@ def test_a_config_json_from_before_the_groups_loads_resumes_replays_and_evaluate
     assert written["deploy"].pop("sandbox") == {"max_starting": None}  # new since the fixture: its default
     new_reward = {k: written["reward"].pop(k) for k in ("relative_judge", "relative_weight")}
     assert new_reward == {"relative_judge": False, "relative_weight": 1.0}  # new since the fixture: defaults
+    assert flat["rollout"].pop("tool_format") is None  # now the env's own argument (env_kwargs); none here
     assert written == flat
     # Resume: the run's settings, with what a resume may change given now; the experiment cannot change.
     resumed, rd = factories.prepare_run(
