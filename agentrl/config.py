@@ -515,7 +515,8 @@ def config_from_dict(cls: type[C], data: Any, *, where: str = "", defaults: C | 
     ``{"learner": {"lr": 1e-6}}`` keeps every other setting of the default learner). ``cls`` may also be
     a choice (a union of self-naming dataclasses); ``data`` is then a member's name or its dict form. The
     settings of a flat nested config (:data:`FLAT_FLAGS`) read at the top level too, as they were written
-    before they were split out of ``cls``.
+    before they were split out of ``cls``; a class with a ``lift_earlier(data) -> data`` static method moves
+    other settings an earlier release kept elsewhere.
     """
     choices = _choices(cls)
     if choices is not None:
@@ -523,6 +524,9 @@ def config_from_dict(cls: type[C], data: Any, *, where: str = "", defaults: C | 
         return out
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}")
+    lift_earlier = getattr(cls, "lift_earlier", None)
+    if callable(lift_earlier):
+        data = lift_earlier(data)
     hints = _hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
     data = _lift_flat(fields, hints, data, where)

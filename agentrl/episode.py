@@ -66,7 +66,9 @@ __all__ = ["RolloutConfig", "SampleSink", "infra_stop_reason", "run_episode"]
 @removed_arguments(
     {
         "sampling": "its fields are RolloutConfig's own now: pass temperature=, top_p=, max_new_tokens=, "
-        "seed= to RolloutConfig (--rollout.temperature, ...)"
+        "seed= to RolloutConfig (--rollout.temperature, ...)",
+        "tool_format": "the tool-call format is the env's own argument: agentrl.make(env_id, "
+        "tool_format=...), TrainConfig(env_kwargs={'tool_format': ...}); --rollout.tool-format still sets it",
     }
 )
 @dataclass(frozen=True, slots=True)
@@ -103,11 +105,6 @@ class RolloutConfig:
     audit: bool = False
     """Run the token audit (agentrl.audit) on every trajectory; raises AuditError. For tests and debugging;
     costs a few decodes per turn."""
-    tool_format: str | None = None
-    """The tool-call format the model writes, for envs that take one (a ToolEnv's ``tool_format``): a key of
-    ``agentrl.tools.PARSERS`` (``hermes``, ``llama3_json``, ``mistral``, ``qwen3_coder``, ``deepseek_v3``,
-    ``harmony``, ``python``), or ``auto`` for the one the model's chat template renders; none keeps each
-    env's own. The trainer hands it to the env; eval and ``replay --reexec`` read it from the run."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_new_tokens", "max_total_tokens", "concurrency"):
@@ -127,10 +124,6 @@ class RolloutConfig:
             )
         if not isinstance(self.audit, bool):
             raise ConfigError(f"RolloutConfig.audit must be a bool, got {self.audit!r}")
-        if self.tool_format is not None and (not isinstance(self.tool_format, str) or not self.tool_format):
-            raise ConfigError(
-                f"RolloutConfig.tool_format must be a format name or None, got {self.tool_format!r}"
-            )
         self.sampling  # noqa: B018 - Sampling validates temperature and top_p
 
     @property

@@ -13,7 +13,7 @@ object here: it answers ``served_adapter()`` with the version it serves and the 
 workers report, which :func:`verify_served` compares in the same way.
 
 The Ray runtime does the same check per inference server through the checksum each server reports of the
-tensors it holds (``trainers/distributed``), which with LoRA are the adapter's.
+tensors it holds (``trainers/ray``), which with LoRA are the adapter's.
 """
 
 from __future__ import annotations

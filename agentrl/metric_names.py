@@ -44,7 +44,7 @@ _VARIANCE = "agentrl.credit.VarianceProxy (via agentrl.update.policy_update)"
 _STALENESS = "agentrl.update.score_and_credit"
 _CORRECTION = "agentrl.learner.correction.importance_weights (via agentrl.update.score_and_credit)"
 _STABILITY = "agentrl.learner.stability.StabilityStep.metrics"
-_RAY = "agentrl.trainers.distributed.RayRuntime.metrics"
+_RAY = "agentrl.trainers.ray.RayRuntime.metrics"
 
 METRICS: dict[str, MetricName] = {
     **_family(

@@ -348,7 +348,7 @@ class ScriptedRuntime(RuntimeVersions):
     ``reward(seed, member)`` (None: an infrastructure failure), and it takes ``delay_s(seed)`` seconds. Every
     call is recorded: :attr:`runs` (step, seed) in the order groups started, :attr:`updates` (step, groups),
     :attr:`outcomes` (what ``publish`` was told), :attr:`checkpoints`. ``publish`` makes the version current
-    for the next turns, as a real sampler does. Pass it to ``agentrl.trainers.pg.train`` as
+    for the next turns, as a real sampler does. Pass it to ``agentrl.trainers.train.train`` as
     ``runtime=lambda cfg, run: contextlib.nullcontext(ScriptedRuntime(...))``.
     """
 

@@ -1,7 +1,7 @@
 """Asynchronous overlap: wall time per training step with --max-staleness S = 0, 1, 2, side by side.
 
-The real trainer (``agentrl.trainers.pg.train``: the one loop of ``trainers/loop.py``, in lock step at S = 0,
-overlapped at S >= 1) with sleep-bound generation and a learner step of similar duration,
+The real trainer (``agentrl.trainers.train.train``: the one loop of ``trainers/loop.py``, in lock step at
+S = 0, overlapped at S >= 1) with sleep-bound generation and a learner step of similar duration,
 both configurable, on two runtimes:
 
 * ``ray`` (the issue's setting): a real local Ray cluster started with ``ray start`` (a head offering the
@@ -43,11 +43,11 @@ def run_one(S: int, args: argparse.Namespace, out: Path) -> dict[str, float]:
     import functools
 
     import agentrl.trainers.local as local
-    import agentrl.trainers.pg as pg
     from agentrl.learner import Learner, LearnerConfig
     from agentrl.models import smollm2_tokenizer
     from agentrl.rollout import RolloutConfig
     from agentrl.testing import RecordingWeightSink, ScriptedPolicy
+    from agentrl.trainers import train
 
     sleep_s = args.learn_sleep_s
 
@@ -66,7 +66,7 @@ def run_one(S: int, args: argparse.Namespace, out: Path) -> dict[str, float]:
         return [*tok.encode(str(guess), add_special_tokens=False), stop]
 
     sink = RecordingWeightSink(ScriptedPolicy(turn, with_sampling=True, stop_ids=[stop], delay_s=args.gen_s))
-    cfg = pg.TrainConfig(
+    cfg = train.TrainConfig(
         model="tiny",
         env="guess-number-v0",
         env_kwargs={"low": 1, "high": 3, "max_guesses": 1},
@@ -84,7 +84,7 @@ def run_one(S: int, args: argparse.Namespace, out: Path) -> dict[str, float]:
     local.Learner = SleepyLearner  # type: ignore[misc]
     try:
         t0 = time.perf_counter()
-        asyncio.run(pg.train(cfg, runtime=functools.partial(local.local_runtime, sampler=sink)))
+        asyncio.run(train.train(cfg, runtime=functools.partial(local.local_runtime, sampler=sink)))
         total = time.perf_counter() - t0
     finally:
         local.Learner = original  # type: ignore[misc]
@@ -164,11 +164,11 @@ class RayCluster:
 
 def run_one_ray(S: int, args: argparse.Namespace, out: Path) -> dict[str, float]:
     """The Ray runtime on the running cluster (``ray.init`` already called)."""
-    import agentrl.trainers.pg as pg
     from agentrl.learner import LearnerConfig
     from agentrl.rollout import RolloutConfig
-    from agentrl.trainers.distributed import RayOptions, ray_runtime
-    from agentrl.trainers.distributed.learner import LearnerActor
+    from agentrl.trainers import train
+    from agentrl.trainers.ray import RayOptions, ray_runtime
+    from agentrl.trainers.ray.learner import LearnerActor
     from agentrl.trainers.train_setup import DeployConfig
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests/
@@ -183,7 +183,7 @@ def run_one_ray(S: int, args: argparse.Namespace, out: Path) -> dict[str, float]
             time.sleep(sleep_s)
             return super().update(step, groups)
 
-    cfg = pg.TrainConfig(
+    cfg = train.TrainConfig(
         model="tiny",
         env="math-tir-arith-v0",
         group_size=args.group_size,
@@ -207,7 +207,7 @@ def run_one_ray(S: int, args: argparse.Namespace, out: Path) -> dict[str, float]
         policy_factory=ScriptedTIRFactory(generate_s=args.gen_s), learner_actor=SleepyLearnerActor
     )
     t0 = time.perf_counter()
-    asyncio.run(pg.train(cfg, runtime=lambda c, r: ray_runtime(c, r, opts)))
+    asyncio.run(train.train(cfg, runtime=lambda c, r: ray_runtime(c, r, opts)))
     return summarize(cfg.out, time.perf_counter() - t0)
 
 

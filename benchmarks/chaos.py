@@ -108,8 +108,9 @@ def train_args(run: Path, address: str, resume: bool) -> list[str]:
 def drive(run: Path, address: str, resume: bool, generate_s: float, tool_s: float) -> int:
     """The driver process: ``agentrl train`` (the CLI's own entry point) with the scripted sampler."""
     sys.path.insert(0, str(ROOT))  # the repository root, for the test fake under tests/
-    from agentrl.trainers import cli, pg
-    from agentrl.trainers.distributed import RayOptions, ray_runtime
+    from agentrl.trainers import cli
+    from agentrl.trainers import train as pg
+    from agentrl.trainers.ray import RayOptions, ray_runtime
     from tests.distributed.scripted import ScriptedTIRFactory
 
     opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=generate_s, tool_s=tool_s), lease_s=120)

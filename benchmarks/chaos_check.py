@@ -3,7 +3,7 @@ behind: the run directory (``ledger.jsonl``, ``trajectories.jsonl``, ``metrics.j
 and the machine's process table and cgroup tree.
 
 * **Ledger.** Every record is replayed in order, and each must be a legal move of its group's state machine
-  (``trainers/distributed/ledger.py``), including the moves a driver restart makes (a lease of a group the
+  (``trainers/ray/ledger.py``), including the moves a driver restart makes (a lease of a group the
   dead driver had leased; a resume's rewind of trained → done and dropped → pending). After every record,
   ``issued = trained + dropped + in flight`` is recomputed for that record's step, and no step may hold more
   groups than ``groups_per_step``.

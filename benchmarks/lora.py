@@ -78,7 +78,7 @@ def bench_sync(rank: int, repeats: int) -> dict[str, Any]:
     from agentrl.models import ModelSpec, resolve_model
     from agentrl.policies import HFPolicy
     from agentrl.protocols import WeightUpdate
-    from agentrl.trainers.distributed.weights import SharedDiskTransport
+    from agentrl.trainers.ray.weights import SharedDiskTransport
     from agentrl.weights import weights_checksum
 
     loaded = resolve_model(ModelSpec("smollm2", device="cpu", dtype="float32"))
@@ -125,7 +125,7 @@ def _object_store(state: dict[str, Any], repeats: int) -> float | None:
         import ray
     except ImportError:
         return None
-    from agentrl.trainers.distributed.weights import ObjectStoreTransport
+    from agentrl.trainers.ray.weights import ObjectStoreTransport
 
     if not ray.is_initialized():
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, object_store_memory=1200 * MIB)

@@ -28,7 +28,7 @@ from pathlib import Path
 from agentrl.rollout import RolloutConfig
 from agentrl.run import RunDir
 from agentrl.trainers import train_setup
-from agentrl.trainers.distributed import RayOptions, ray_runtime
+from agentrl.trainers.ray import RayOptions, ray_runtime
 from agentrl.types import TrajectoryMeta
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests/

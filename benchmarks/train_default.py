@@ -138,7 +138,7 @@ def _trace_rss(pid: int, t0: float, stop: threading.Event, out: list[tuple[float
 
 def _load(seed: int) -> tuple[Any, Any]:
     from agentrl.models import ModelSpec, resolve_model
-    from agentrl.trainers.pg import TrainConfig
+    from agentrl.trainers.train import TrainConfig
 
     loaded = resolve_model(ModelSpec(TrainConfig().model, seed=seed, device="cpu", dtype="auto"))
     return loaded.model, loaded.tokenizer

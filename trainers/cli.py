@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -36,6 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
         description=(TrainConfig.__doc__ or "") + " Nested settings take dotted flags (--learner.lr 1e-6).",
     )
     add_config_arguments(train, TrainConfig, aliases=TRAIN_ALIASES)
+    train.add_argument(
+        "--rollout.tool-format",
+        "--rollout.tool_format",
+        dest="tool_format",
+        metavar="NAME",
+        help="the tool-call format a ToolEnv's parser reads: hermes, llama3_json, mistral, qwen3_coder, "
+        "deepseek_v3, harmony, python, or auto (the one the model's chat template renders); sets the env's "
+        "tool_format argument, as --env-kwargs '{\"tool_format\": NAME}' does (default: each env's own)",
+    )
 
     ev = sub.add_parser(
         "eval",
@@ -133,14 +143,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _train_config(ns: argparse.Namespace) -> TrainConfig:
+    from agentrl.trainers.tool_format import with_tool_format
     from agentrl.trainers.train_config import TrainConfig, saved_config
 
     resume = getattr(ns, "output.resume", None)
     if resume is None:
-        return config_from_args(TrainConfig, ns)
-    # The run's own settings are the base; the flags given now may only change what a resume allows
-    # (prepare_run checks, with resumed_config).
-    return config_from_args(TrainConfig, ns, base=saved_config(resume))
+        cfg = config_from_args(TrainConfig, ns)
+    else:
+        # The run's own settings are the base; the flags given now may only change what a resume allows
+        # (prepare_run checks, with resumed_config).
+        cfg = config_from_args(TrainConfig, ns, base=saved_config(resume))
+    if ns.tool_format is None:
+        return cfg
+    return dataclasses.replace(cfg, env_kwargs=with_tool_format(cfg.env_kwargs, ns.tool_format, env=cfg.env))
 
 
 def _env_kwargs(text: str) -> dict[str, Any]:
@@ -329,9 +344,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
         if ns.command == "train":
-            from agentrl.trainers import pg
+            from agentrl.trainers import train
 
-            return pg.main(_train_config(ns))
+            return train.main(_train_config(ns))
         if ns.command == "eval":
             return _eval(ns)
         if ns.command == "check":

@@ -31,6 +31,7 @@ from agentrl.policies import HFPolicy
 from agentrl.protocols import Policy
 from agentrl.rollout import GroupHook, RolloutConfig, run_groups
 from agentrl.run import RunDir
+from agentrl.trainers.tool_format import with_tool_format
 
 __all__ = [
     "INTERVAL",
@@ -333,10 +334,13 @@ def run_settings(model: str) -> RunSettings | None:
             )
         rollout = data.get("rollout")
         r: dict[str, Any] = rollout if isinstance(rollout, dict) else {}
+        kwargs = dict(data.get("env_kwargs") or {})
+        if r.get("tool_format") is not None:  # a run from before #41 kept its tool-call format there
+            kwargs = with_tool_format(kwargs, r["tool_format"], env=env, given="rollout.tool_format")
         return RunSettings(
             run=run,
             env=env,
-            env_kwargs=dict(data.get("env_kwargs") or {}) | _run_reward(data, run),
+            env_kwargs=kwargs | _run_reward(data, run),
             max_turns=int(r.get("max_turns", 3)),
             max_new_tokens=int(r.get("max_new_tokens", 96)),
             max_total_tokens=int(r.get("max_total_tokens", 1024)),

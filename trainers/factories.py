@@ -2,8 +2,8 @@
 and what it resolved (:func:`prepare_run`), task order, the model's spec and precision, the learner's
 settings, the sampler, the env and its sandbox pool.
 
-The runtimes (trainers/local.py, trainers/distributed/) and the loop (trainers/loop.py) build on these; the
-trainer's entry point is :mod:`agentrl.trainers.pg`.
+The runtimes (trainers/local.py, trainers/ray/) and the loop (trainers/loop.py) build on these; the
+trainer's entry point is :mod:`agentrl.trainers.train`.
 """
 
 from __future__ import annotations
@@ -184,21 +184,16 @@ def env_kwargs(cfg: TrainConfig, pool: Any) -> dict[str, Any]:
 
 
 def env_arguments(cfg: TrainConfig) -> dict[str, Any]:
-    """The env's constructor arguments: ``--env-kwargs`` plus, for a ToolEnv, the ``tool_format`` that
-    ``--rollout.tool-format`` names (``auto``: the format the model's chat template renders). Train, eval
-    and ``replay --reexec`` all build the env from this, so they read the model's calls the same way."""
-    from agentrl.envs.tool_env import ToolEnv
-
+    """The env's constructor arguments: ``--env-kwargs`` (a ToolEnv's ``tool_format`` among them, which
+    ``--rollout.tool-format`` sets; ``auto``: the format the model's chat template renders) and the reward.
+    Train, eval and ``replay --reexec`` all build the env from this, so they read the model's calls the same
+    way."""
     kwargs = dict(cfg.env_kwargs)
-    fmt = cfg.rollout.tool_format
     cls = agentrl.registry.entry_point(cfg.env)
     if cfg.reward.enabled:
         kwargs.setdefault("reward", reward_config(cfg, cls))
-    if fmt is None or not (isinstance(cls, type) and issubclass(cls, ToolEnv)):
-        return kwargs
-    if fmt == "auto":
-        fmt = resolve_auto(cfg.model)
-    kwargs.setdefault("tool_format", fmt)
+    if kwargs.get("tool_format") == "auto":
+        kwargs["tool_format"] = resolve_auto(cfg.model)
     return kwargs
 
 
@@ -285,9 +280,10 @@ def prepare_run(cfg: TrainConfig) -> tuple[TrainConfig, RunDir]:
         cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, out=str(run.path)))
         found = _resolve_for_device(cfg)
         # --rollout.tool-format auto: the format it chose, printed and recorded.
-        fmt = record_choice(cfg.rollout.tool_format, env=cfg.env, agent=cfg.agent, model=cfg.model)
-        if fmt != cfg.rollout.tool_format:
-            cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, tool_format=fmt))
+        asked = cfg.env_kwargs.get("tool_format")
+        fmt = record_choice(asked, env=cfg.env, agent=cfg.agent, model=cfg.model)
+        if fmt != asked:
+            cfg = dataclasses.replace(cfg, env_kwargs={**cfg.env_kwargs, "tool_format": fmt})
         run.write_config(cfg)
         found.write(run)
         return cfg, run

@@ -9,7 +9,7 @@
       .save(run, step, keep=…)      checkpoints/step-<step>: weights, optimizer, RNG, stability state
 
 :class:`~agentrl.trainers.local.LocalRuntime` calls it in-process (``update`` in a worker thread);
-:class:`~agentrl.trainers.distributed.learner.LearnerActor` is one rank of it on a Ray actor. Every
+:class:`~agentrl.trainers.ray.learner.LearnerActor` is one rank of it on a Ray actor. Every
 world-size branch (the process group, FSDP2's gathers, rank 0 alone writing) is in here, so a change to the
 learner step is one edit and both runtimes train the same way (``tests/trainers/test_learner_core.py``).
 """

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from agentrl.groups import TrajectoryGroup
-from agentrl.heap import return_freed_memory, trim_heap  # the first re-exported, for pg.py
+from agentrl.heap import return_freed_memory, trim_heap  # the first re-exported, for train.py
 from agentrl.lora_sync import verify_served
 from agentrl.policies import HFPolicy
 from agentrl.protocols import UpdatablePolicy, WeightUpdate

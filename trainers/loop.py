@@ -83,7 +83,7 @@ UNREWARDED_DROP = "never rewarded: its session ended without a reward and none c
 
 @dataclass
 class Session:
-    """What a running training loop holds (built once in :func:`agentrl.trainers.pg.train`)."""
+    """What a running training loop holds (built once in :func:`agentrl.trainers.train.train`)."""
 
     cfg: TrainConfig
     run: RunDir

@@ -1,6 +1,7 @@
 """The trainer's runtime seam: where a step's episodes come from, where learning happens, where weights go.
 
-``agentrl.trainers.pg`` runs one training loop (:mod:`agentrl.trainers.loop`) over a :class:`TrainRuntime`::
+``agentrl.trainers.train`` runs one training loop (:mod:`agentrl.trainers.loop`) over a
+:class:`TrainRuntime`::
 
     held_out("untrained") → [run_groups(k, seeds) → EpisodeDone stream → store → update(k, groups)
       → publish(k + 1, outcome) → save_checkpoint] per step k → finish_updates → held_out("trained")
@@ -13,7 +14,7 @@ Two runtimes implement it:
 
 * :class:`agentrl.trainers.local.LocalRuntime` (the default): the learner, the sampler and the environments
   all in this process, exactly the single-process trainer.
-* :class:`agentrl.trainers.distributed.RayRuntime` (``--ray ADDRESS``): rollout workers, inference servers
+* :class:`agentrl.trainers.ray.RayRuntime` (``--ray ADDRESS``): rollout workers, inference servers
   and a learner group as Ray actors, behind a controller with a persisted group ledger.
 
 The loop itself (:mod:`agentrl.trainers.loop`: tasks per step, admission under the staleness bound,

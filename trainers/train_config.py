@@ -27,6 +27,7 @@ import dataclasses
 import json
 import math
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
@@ -44,7 +45,7 @@ from agentrl.run import RunDir
 from agentrl.staleness import OnStale
 from agentrl.trainers.deploy import DeployConfig
 from agentrl.trainers.evaluate import EvalConfig
-from agentrl.trainers.tool_format import tool_format_agrees
+from agentrl.trainers.tool_format import check_tool_format, with_tool_format
 
 __all__ = [
     "RESUMABLE",
@@ -229,7 +230,9 @@ class TrainConfig:
     package.module:Class (config.json records a file's absolute path). The default is math-tir-v0's arithmetic
     tasks."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments for the environment, as JSON (e.g. '{"difficulty": 2}')."""
+    """Keyword arguments for the environment, as JSON (e.g. '{"difficulty": 2}'). A ToolEnv's tool-call
+    format is one of them, tool_format (a parser's name, or auto: the model's chat template's), which
+    --rollout.tool-format NAME also sets."""
     agent: str | None = None
     """Train an agent written against the openai client: FILE.py:FUNC, where async FUNC(task, base_url)
     returns the reward; --env is then its task source (a registered env or a .jsonl file of tasks). See
@@ -296,15 +299,32 @@ class TrainConfig:
                 "it (grpo, rloo, opo)"
             )
 
+    @staticmethod
+    def lift_earlier(data: Mapping[str, Any]) -> Mapping[str, Any]:
+        """A ``config.json`` (or dict) of an earlier release with each setting where this one keeps it
+        (:func:`agentrl.config.config_from_dict` calls it): the tool-call format moves from
+        ``rollout.tool_format`` to the env's own ``env_kwargs["tool_format"]`` (#41).
+
+        Raises:
+            ConfigError: both name a format, and different ones.
+        """
+        rollout = data.get("rollout")
+        if not isinstance(rollout, Mapping) or "tool_format" not in rollout:
+            return data
+        out = dict(data)
+        out["rollout"] = {k: v for k, v in rollout.items() if k != "tool_format"}
+        kwargs = data.get("env_kwargs") or {}
+        if rollout["tool_format"] is not None and isinstance(kwargs, Mapping):
+            env = data.get("env", TrainConfig.env)
+            fmt, given = rollout["tool_format"], "rollout.tool_format"
+            out["env_kwargs"] = with_tool_format(kwargs, fmt, env=str(env), given=given)
+        return out
+
     def _check_sampling(self) -> None:
         """The tool format names a parser, and the learner scores the distribution the sampler drew from."""
-        fmt = self.rollout.tool_format
-        if fmt is not None and fmt != "auto":
-            from agentrl.tools import PARSERS
-
-            if fmt not in PARSERS:
-                raise ConfigError(f"--rollout.tool-format {fmt!r}: unknown; one of {sorted(PARSERS)} or auto")
-        tool_format_agrees(fmt, self.env_kwargs)
+        fmt = self.env_kwargs.get("tool_format")
+        if fmt is not None:
+            check_tool_format(fmt)
         if self.rollout.top_p != 1.0:
             raise ConfigError(
                 f"--rollout.top-p {self.rollout.top_p}: the learner scores the full distribution, so nucleus "

@@ -21,7 +21,7 @@ they always did here: such runs are the same as before the curriculum was added)
 difficulty`` the trainer's own :class:`~agentrl.trainers.task_sampler.TaskSampler` picks a *task seed* for
 every draw (fresh ones from the run's seed, or known ones from its difficulty pools) and the prompt is
 :func:`task_numbers` of it, so a task drawn again is the same prompt; every group drawn (filtered ones too)
-is observed when its step trains, as in ``trainers/pg.py``. The lag is 0 (the synchronous loop).
+is observed when its step trains, as in ``trainers/train.py``. The lag is 0 (the synchronous loop).
 """
 
 from __future__ import annotations

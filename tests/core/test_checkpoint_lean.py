@@ -129,13 +129,3 @@ def test_checkpoints_from_before_compaction_load_and_get_compacted(tmp_path, tok
     assert [describe_checkpoint(c).optimizer for c in run.checkpoints()] == [False, False, True]
     assert all(describe_checkpoint(c).exact for c in run.checkpoints())
     assert describe_checkpoint(RunDir(old_copy).checkpoint(1)).optimizer  # the copy was left alone
-
-
-def test_a_config_json_from_before_the_setting_loads_with_the_default():
-    from agentrl.config import config_from_dict, config_to_dict
-    from agentrl.trainers.train_setup import RESUMABLE, TrainConfig
-
-    old = config_to_dict(TrainConfig())
-    del old["output"]["older_checkpoints"]  # what runs before lean checkpoints recorded
-    assert config_from_dict(TrainConfig, old).output.older_checkpoints == "exact"
-    assert "older_checkpoints" in RESUMABLE  # a resumed run may change it: it is not part of the experiment

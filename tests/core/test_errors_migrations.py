@@ -137,5 +137,7 @@ def test_every_shim_names_the_release_that_removes_it():
         "TrainConfig(ray=",
         "RayOptions(weights=",
         "agentrl.samples.episodes_of",
+        "agentrl.trainers.pg",
+        "agentrl.trainers.distributed",
     ):
         assert marker in section, marker

@@ -23,7 +23,7 @@ PRODUCERS = (
     "agentrl/update.py",
     "agentrl/learner/correction.py",
     "agentrl/learner/stability.py",
-    "trainers/distributed/runtime.py",
+    "trainers/ray/runtime.py",
 )
 """The modules that write names into a step's row by literal (the dataclass-made names are below)."""
 _NAME = re.compile(r"^[a-z]+/[a-z0-9_]+$")

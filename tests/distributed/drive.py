@@ -17,9 +17,10 @@ def main(argv: list[str]) -> int:
 
     from agentrl.learner import LearnerConfig
     from agentrl.rollout import RolloutConfig
-    from agentrl.trainers import pg, train_setup
-    from agentrl.trainers.distributed import RayOptions, ray_runtime
+    from agentrl.trainers import train as pg
+    from agentrl.trainers import train_setup
     from agentrl.trainers.evaluate import EvalConfig
+    from agentrl.trainers.ray import RayOptions, ray_runtime
 
     address, out, steps = argv[0], argv[1], int(argv[2])
     resume = "--resume" in argv

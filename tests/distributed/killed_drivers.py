@@ -20,7 +20,7 @@ from pathlib import Path
 
 from agentrl.metrics import read_metrics
 from agentrl.run import RunDir
-from agentrl.trainers.distributed import GroupLedger
+from agentrl.trainers.ray import GroupLedger
 
 DRIVE = Path(__file__).parent / "drive.py"
 

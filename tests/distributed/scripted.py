@@ -114,7 +114,7 @@ def _eval(expr: str) -> str:
 
 @dataclass(frozen=True)
 class ScriptedTIRFactory:
-    """A server's policy factory (:data:`~agentrl.trainers.distributed.actors.PolicyFactory`) building a
+    """A server's policy factory (:data:`~agentrl.trainers.ray.actors.PolicyFactory`) building a
     :class:`ScriptedTIRPolicy` over the run's tokenizer."""
 
     generate_s: float = 0.0

@@ -17,8 +17,8 @@ from agentrl import read_trajectories
 from agentrl.metrics import read_metrics
 from agentrl.models import resolve_tokenizer
 from agentrl.replay import load as load_run
-from agentrl.trainers import pg
-from agentrl.trainers.distributed import GroupLedger, GroupState, RayOptions, ray_runtime
+from agentrl.trainers import train as pg
+from agentrl.trainers.ray import GroupLedger, GroupState, RayOptions, ray_runtime
 from agentrl.trainers.replay.reproduce import reproduce_step
 
 from .scripted import ScriptedTIRFactory

@@ -105,8 +105,8 @@ def test_a_group_given_up_by_the_ledger_still_ends_as_a_group_of_infra_failures(
     # The Ray runtime's answer to a group whose every attempt failed (the soak found the trainer crashing on a
     # group that never came back): one member per episode, ids of the last attempt, the ledger's reason kept.
     from agentrl import JsonlStore, TrajectoryGroup, read_trajectories
-    from agentrl.trainers.distributed.ledger import GroupState, LedgerEntry
-    from agentrl.trainers.distributed.runtime import _given_up
+    from agentrl.trainers.ray.ledger import GroupState, LedgerEntry
+    from agentrl.trainers.ray.runtime import _given_up
     from agentrl.types import TrajectoryMeta
 
     entry = LedgerEntry(3, 17, GroupState.DROPPED, 3, reason="worker-1 died: ActorDiedError (3 attempts)")
@@ -127,7 +127,7 @@ def test_a_group_given_up_by_the_ledger_still_ends_as_a_group_of_infra_failures(
 
 SIGTERM_SCRIPT = """
 import asyncio, os, signal
-from agentrl.trainers.distributed.runtime import RayOptions, connect
+from agentrl.trainers.ray.runtime import RayOptions, connect
 from agentrl.trainers.train_setup import DeployConfig, TrainConfig
 
 async def main():

@@ -13,7 +13,7 @@ from agentrl import read_trajectories
 from agentrl.groups import group_trajectories
 from agentrl.metrics import read_metrics
 from agentrl.run import RunDir
-from agentrl.trainers.distributed import RayOptions
+from agentrl.trainers.ray import RayOptions
 from agentrl.trainers.task_sampler import TaskSampler, sampler_state_path
 
 from .scripted import ScriptedTIRFactory

@@ -9,7 +9,7 @@ from agentrl import read_trajectories
 from agentrl.dynamic_sampling import DynamicSampling, GroupVerdict, group_verdict
 from agentrl.groups import group_trajectories
 from agentrl.metrics import read_metrics
-from agentrl.trainers.distributed import GroupState, RayOptions
+from agentrl.trainers.ray import GroupState, RayOptions
 
 from .scripted import ScriptedTIRFactory
 from .test_async_ray import async_config, ledger_of, train

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from agentrl.errors import ConfigError, StoreError
-from agentrl.trainers.distributed import GroupLedger, GroupState, LedgerError
-from agentrl.trainers.distributed.ledger import group_id
+from agentrl.trainers.ray import GroupLedger, GroupState, LedgerError
+from agentrl.trainers.ray.ledger import group_id
 
 
 def test_a_group_goes_pending_leased_done_trained():

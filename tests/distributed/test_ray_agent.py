@@ -13,9 +13,9 @@ import pytest
 from agentrl import read_trajectories
 from agentrl.metrics import read_metrics
 from agentrl.rollout import RolloutConfig
-from agentrl.trainers import pg
-from agentrl.trainers.distributed import RayOptions, ray_runtime
+from agentrl.trainers import train as pg
 from agentrl.trainers.evaluate import EvalConfig
+from agentrl.trainers.ray import RayOptions, ray_runtime
 from agentrl.trainers.train_setup import DeployConfig, TrainConfig
 
 from .scripted import ScriptedTIRFactory

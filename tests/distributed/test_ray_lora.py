@@ -9,7 +9,7 @@ from agentrl.learner import LearnerConfig
 from agentrl.lora import LoraConfig, adapter_digest
 from agentrl.rollout import RolloutConfig
 from agentrl.run import RunDir
-from agentrl.trainers.distributed import ray_runtime
+from agentrl.trainers.ray import ray_runtime
 
 from .test_ray_runtime import Rollout, config, finish_step, new_run
 
@@ -57,7 +57,7 @@ async def test_servers_get_only_the_adapter_and_serve_the_new_one_after_each_ste
 async def test_two_learners_shard_an_adapted_model_checkpoint_the_adapter_and_resume(cluster, tmp_path):
     import dataclasses
 
-    from agentrl.trainers.distributed import RayOptions
+    from agentrl.trainers.ray import RayOptions
 
     from .scripted import ScriptedTIRFactory
 

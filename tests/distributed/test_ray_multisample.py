@@ -13,9 +13,10 @@ from agentrl import read_groups, read_trajectories
 from agentrl.learner import LearnerConfig
 from agentrl.metrics import read_metrics
 from agentrl.rollout import RolloutConfig
-from agentrl.trainers import pg, train_setup
-from agentrl.trainers.distributed import GroupLedger, RayOptions, ray_runtime
+from agentrl.trainers import train as pg
+from agentrl.trainers import train_setup
 from agentrl.trainers.evaluate import EvalConfig
+from agentrl.trainers.ray import GroupLedger, RayOptions, ray_runtime
 from agentrl.types import StopReason
 
 from .scripted_chain import ScriptedChainFactory

@@ -19,9 +19,10 @@ from agentrl.models import resolve_model
 from agentrl.rollout import RolloutConfig
 from agentrl.run import RunDir
 from agentrl.staleness import DroppedGroup, StepOutcome
-from agentrl.trainers import factories, pg, train_setup
-from agentrl.trainers.distributed import GroupLedger, GroupState, RayOptions, ray_runtime
+from agentrl.trainers import factories, train_setup
+from agentrl.trainers import train as pg
 from agentrl.trainers.evaluate import EvalConfig
+from agentrl.trainers.ray import GroupLedger, GroupState, RayOptions, ray_runtime
 from agentrl.types import StopReason, TrajectoryMeta
 from agentrl.update import score_and_credit
 from agentrl.weights import weights_checksum
@@ -251,7 +252,7 @@ async def test_a_cluster_without_the_roles_resources_is_refused(cluster, tmp_pat
 def test_weights_checksums_match_over_shared_disk(tmp_path):
     import torch
 
-    from agentrl.trainers.distributed import SharedDiskTransport
+    from agentrl.trainers.ray import SharedDiskTransport
 
     t = SharedDiskTransport(tmp_path / "w")
     w = torch.ones(3)

@@ -6,7 +6,7 @@ import pytest
 
 from agentrl.errors import ConfigError
 from agentrl.trainers.cli import main as cli_main
-from agentrl.trainers.pg import TrainConfig, open_runtime
+from agentrl.trainers.train import TrainConfig, open_runtime
 from agentrl.trainers.train_setup import DeployConfig, prepare_run
 
 
@@ -40,7 +40,7 @@ async def test_without_ray_installed_the_error_says_how_to_get_it(tmp_path, monk
 
 async def test_a_bad_address_is_refused(tmp_path):
     pytest.importorskip("ray")
-    from agentrl.trainers.distributed.runtime import RayOptions, connect
+    from agentrl.trainers.ray.runtime import RayOptions, connect
 
     with pytest.raises(ConfigError, match="give local, auto, ray://host:port"):
         connect("nowhere", TrainConfig(), RayOptions())

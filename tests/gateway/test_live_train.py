@@ -32,7 +32,7 @@ from agentrl.trainers.gateway.live import (
 )
 from agentrl.trainers.local import local_runtime
 from agentrl.trainers.loop import STALE_DROP, UNREWARDED_DROP
-from agentrl.trainers.pg import train
+from agentrl.trainers.train import train
 from agentrl.trainers.train_setup import TrainConfig
 from agentrl.types import TrajectoryMeta
 

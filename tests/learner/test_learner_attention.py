@@ -229,7 +229,7 @@ def test_trainer_records_the_attention_and_a_resume_keeps_it(tmp_path, capsys):
     from agentrl.config import config_from_dict
     from agentrl.trainers.cli import _train_config, build_parser
     from agentrl.trainers.factories import prepare_run, resolved
-    from agentrl.trainers.pg import TrainConfig
+    from agentrl.trainers.train import TrainConfig
 
     cfg, run = prepare_run(TrainConfig(model="tiny", device="cpu", out=str(tmp_path / "a")))
     assert cfg.learner.attention == "auto" and resolved(cfg, run).attention == "sdpa"

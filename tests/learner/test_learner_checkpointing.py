@@ -13,7 +13,7 @@ from agentrl.learner import Learner, LearnerConfig
 from agentrl.learner.checkpointing import ActivationCost, measure_activation_cost, needs_checkpointing
 from agentrl.lora import LoraConfig, apply_lora
 from agentrl.trainers.cli import build_parser
-from agentrl.trainers.pg import TrainConfig
+from agentrl.trainers.train import TrainConfig
 
 from .test_learner_packing import ragged_batch
 from .tiny import tiny_qwen2

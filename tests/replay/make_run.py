@@ -2,7 +2,7 @@
 
 The tiny random model never stops on its own, so its episodes are single cut turns with reward 0 (no tool
 call, all-zero advantages). For replay tests that need tool calls, rewards that differ inside a group and
-non-zero losses, this script runs the real trainer (``agentrl.trainers.pg.main``: tiny model as the learner,
+non-zero losses, this script runs the trainer (``agentrl.trainers.train.main``: tiny model as the learner,
 real math-tir-v0 env, real local sandbox, OTB, checkpoints, metrics) with one substitution: the sampler is
 a scripted policy. It writes a python block that computes the question, reads the tool output and answers
 with it (plan 0: right), with it plus a wrong digit (plan 1), after a syntax error (plan 2), or answers
@@ -82,13 +82,13 @@ class ScriptedTIR:
 def main(out: str) -> int:
     from agentrl.learner import LearnerConfig
     from agentrl.rollout import RolloutConfig
-    from agentrl.trainers import factories, local, pg
+    from agentrl.trainers import factories, local, train
 
     # Where the sampler is built (factories) and where the local runtime recognises one sharing the
     # learner's model (local): the scripted sampler stands in for HFPolicy in both.
     factories.HFPolicy = ScriptedTIR  # type: ignore[misc,assignment]
     local.HFPolicy = ScriptedTIR  # type: ignore[misc,assignment]
-    cfg = pg.TrainConfig(
+    cfg = train.TrainConfig(
         model="tiny",
         env="math-tir-v0",
         env_kwargs={"kinds": ["arithmetic"]},
@@ -101,7 +101,7 @@ def main(out: str) -> int:
         learner=LearnerConfig(lr=1e-3, micro_batch_tokens=4096),
         progress=False,
     )
-    return pg.main(cfg)
+    return train.main(cfg)
 
 
 if __name__ == "__main__":

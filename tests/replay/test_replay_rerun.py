@@ -245,7 +245,7 @@ def test_a_runs_typed_settings_tokenizer_and_weights(tiny_run: Path, tmp_path: P
 
     from agentrl.learner import LearnerConfig
     from agentrl.models import load_model, tiny_model
-    from agentrl.trainers.pg import TrainConfig
+    from agentrl.trainers.train import TrainConfig
 
     run = replay.load(tiny_run)
     cfg = rerun.train_config(run)

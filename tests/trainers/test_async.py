@@ -27,8 +27,8 @@ from agentrl.rollout import RolloutConfig
 from agentrl.staleness import token_versions, turn_versions
 from agentrl.testing import RecordingWeightSink, ScriptedPolicy
 from agentrl.trainers.local import local_runtime
-from agentrl.trainers.pg import TrainConfig, train
 from agentrl.trainers.replay.reproduce import reproduce_step
+from agentrl.trainers.train import TrainConfig, train
 from agentrl.weights import weights_checksum
 
 

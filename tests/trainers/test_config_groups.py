@@ -205,6 +205,7 @@ def test_a_config_json_from_before_the_groups_loads_resumes_replays_and_evaluate
     new_reward = {k: written["reward"].pop(k) for k in ("relative_judge", "relative_weight")}
     assert new_reward == {"relative_judge": False, "relative_weight": 1.0}  # new since the fixture: defaults
     assert written["rollout"].pop("episode_timeout") == 1800.0  # new since the fixture: its default
+    assert flat["rollout"].pop("tool_format") is None  # now the env's own argument (env_kwargs); none here
     assert written == flat
     # Resume: the run's settings, with what a resume may change given now; the experiment cannot change.
     resumed, rd = factories.prepare_run(
@@ -304,3 +305,11 @@ def test_a_run_from_before_the_groups_resumes_replays_and_evaluates(tmp_path, ca
     assert cli_main(["eval", "--model", str(run), "--tasks", "1", "--k", "1", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["env"] == "calculator-v0" and report["episodes"] == 1
+
+
+def test_a_config_json_from_before_the_setting_loads_with_the_default():
+    # --older-checkpoints (lean checkpoints, agentrl.checkpoint) is a TrainConfig setting.
+    old = config_to_dict(TrainConfig())
+    del old["output"]["older_checkpoints"]  # what runs before lean checkpoints recorded
+    assert config_from_dict(TrainConfig, old).output.older_checkpoints == "exact"
+    assert "older_checkpoints" in RESUMABLE  # a resumed run may change it: it is not part of the experiment

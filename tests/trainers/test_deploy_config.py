@@ -87,6 +87,7 @@ def test_an_old_flat_config_json_loads_with_its_deployment_lifted(tmp_path):
     nested = {k: v for k, v in flat.items() if k not in dataclasses.asdict(OLD_DEPLOY)}
     assert config_from_dict(TrainConfig, {**nested, "deploy": dataclasses.asdict(OLD_DEPLOY)}) == cfg
     written = ungrouped(config_to_dict(cfg))
+    assert nested["rollout"].pop("tool_format") is None  # now the env's own argument (env_kwargs); none here
     newer = written.keys() - nested.keys() - {"deploy"}  # settings added since the fixture: their defaults
     defaults = ungrouped(config_to_dict(TrainConfig()))
     assert {k: written[k] for k in newer} == {k: defaults[k] for k in newer}
@@ -140,7 +141,7 @@ def test_python_code_of_the_flat_fields_gets_the_migration():
 
 
 def test_the_weights_dir_picks_the_shared_disk_transport(tmp_path):
-    from agentrl.trainers.distributed.runtime import RayOptions, RayRuntime
+    from agentrl.trainers.ray.runtime import RayOptions, RayRuntime
 
     run = RunDir(tmp_path / "r")
     run.path.mkdir()

@@ -16,10 +16,10 @@ from agentrl.learner import LearnerConfig
 from agentrl.run import RunDir
 from agentrl.staleness import StepOutcome
 from agentrl.testing import RecordingWeightSink
-from agentrl.trainers.distributed.learner import LearnerActor
-from agentrl.trainers.distributed.weights import make_transport
 from agentrl.trainers.learner_core import LearnerCore
 from agentrl.trainers.local import LocalRuntime
+from agentrl.trainers.ray.learner import LearnerActor
+from agentrl.trainers.ray.weights import make_transport
 from agentrl.trainers.train_setup import TrainConfig
 from agentrl.types import Segment, TokenSource, Trajectory, TrajectoryMeta
 

@@ -17,7 +17,7 @@ from agentrl.testing import RecordingWeightSink, ScriptedPolicy
 from agentrl.trainers.evaluate import EvalConfig
 from agentrl.trainers.local import local_runtime
 from agentrl.trainers.loop import until_stopped
-from agentrl.trainers.pg import TrainConfig, train
+from agentrl.trainers.train import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,8 +13,8 @@ from agentrl.dynamic_sampling import DynamicSampling
 from agentrl.metrics import read_metrics
 from agentrl.testing import ScriptedRuntime
 from agentrl.trainers.loop import INFRA_DROP, STRAGGLER_DROP
-from agentrl.trainers.pg import train
 from agentrl.trainers.runtime import TrainRuntime
+from agentrl.trainers.train import train
 from agentrl.trainers.train_setup import TrainConfig
 
 

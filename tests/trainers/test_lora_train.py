@@ -28,7 +28,7 @@ from agentrl.testing import RecordingWeightSink, ScriptedPolicy
 from agentrl.trainers.cli import main as cli_main
 from agentrl.trainers.export import export_merged
 from agentrl.trainers.local import local_runtime
-from agentrl.trainers.pg import TrainConfig, train
+from agentrl.trainers.train import TrainConfig, train
 
 LORA = LoraConfig(rank=4, alpha=8.0)
 

@@ -129,7 +129,7 @@ def test_the_distributed_learner_resumes_the_schedule_like_the_local_one(
     import shutil
 
     from agentrl.groups import group_trajectories
-    from agentrl.trainers.distributed.learner import LearnerActor
+    from agentrl.trainers.ray.learner import LearnerActor
 
     whole = runs[0]
     copy = tmp_path / "run"

@@ -20,7 +20,7 @@ from agentrl.run import RunDir
 from agentrl.testing import RecordingWeightSink, ScriptedPolicy
 from agentrl.trainers.cli import main as cli_main
 from agentrl.trainers.local import local_runtime
-from agentrl.trainers.pg import TrainConfig, train
+from agentrl.trainers.train import TrainConfig, train
 
 FAST = ["--model", "tiny", "--env", "calculator-v0", "--group-size", "2", "--groups-per-step", "1"]
 FAST += ["--rollout.max-new-tokens", "8", "--eval.tasks", "0", "--no-progress", "--steps", "1"]

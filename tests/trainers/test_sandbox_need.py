@@ -3,7 +3,7 @@ cannot start still trains the others (seen on a GPU machine whose process limit 
 
 from agentrl.errors import SandboxError
 from agentrl.trainers.cli import main as cli_main
-from agentrl.trainers.pg import TrainConfig
+from agentrl.trainers.train import TrainConfig
 from agentrl.trainers.train_setup import needs_sandbox
 
 FAST = ["--model", "tiny", "--group-size", "2", "--groups-per-step", "1", "--rollout.max-new-tokens", "16"]

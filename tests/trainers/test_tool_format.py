@@ -1,33 +1,75 @@
-"""``--rollout.tool-format``: the trainer hands a tool-call format to a ToolEnv (by name, or ``auto`` from
-the model's chat template), the run records it, and ``replay --reexec`` builds the env with it again."""
+"""The tool-call format has one owner, the env's own ``tool_format`` argument (``env_kwargs``):
+``--rollout.tool-format`` sets it (by name, or ``auto`` from the model's chat template), an earlier run's
+``rollout.tool_format`` loads into it, the run records it, and ``replay --reexec`` builds the env with it
+again."""
 
 import json
 
 import pytest
 
 import agentrl
-from agentrl.errors import ConfigError
+from agentrl.config import config_from_dict
+from agentrl.errors import ConfigError, MigrationError
 from agentrl.rollout import RolloutConfig
+from agentrl.run import RunDir
+from agentrl.trainers.cli import _train_config, build_parser
 from agentrl.trainers.cli import main as cli_main
-from agentrl.trainers.pg import TrainConfig
-from agentrl.trainers.train_setup import env_arguments
+from agentrl.trainers.evaluate import run_settings
+from agentrl.trainers.factories import env_arguments
+from agentrl.trainers.train import TrainConfig
 
 
-def cfg(env: str, fmt: str | None, **kwargs) -> TrainConfig:
-    return TrainConfig(model="tiny", env=env, rollout=RolloutConfig(tool_format=fmt), **kwargs)
+def cfg(env: str, fmt: str | None, *argv: str) -> TrainConfig:
+    """The config ``agentrl train --env ENV [--rollout.tool-format FMT] ARGV`` runs with."""
+    flag = ["--rollout.tool-format", fmt] if fmt is not None else []
+    return _train_config(build_parser().parse_args(["train", "--model", "tiny", "--env", env, *flag, *argv]))
 
 
-def test_the_format_reaches_tool_envs_only():
-    args = env_arguments(cfg("calculator-v0", "mistral", env_kwargs={"digits": 3}))
-    assert args == {"digits": 3, "tool_format": "mistral"}
-    assert agentrl.make("calculator-v0", **args).parser.name == "mistral"
-    assert env_arguments(cfg("guess-number-v0", "mistral")) == {}  # not a ToolEnv: nothing to hand over
+def test_the_flag_sets_the_env_s_own_argument_for_tool_envs_only():
+    c = cfg("calculator-v0", "mistral", "--env-kwargs", '{"digits": 3}')
+    assert c.env_kwargs == {"digits": 3, "tool_format": "mistral"}  # its one home
+    assert env_arguments(c) == {"digits": 3, "tool_format": "mistral"}
+    assert agentrl.make("calculator-v0", **env_arguments(c)).parser.name == "mistral"
+    assert cfg("guess-number-v0", "mistral").env_kwargs == {}  # not a ToolEnv: nothing to hand over
     assert env_arguments(cfg("calculator-v0", None)) == {}
     with pytest.raises(ConfigError, match=r"--rollout.tool-format 'klingon': unknown"):
         cfg("calculator-v0", "klingon")
+    with pytest.raises(ConfigError, match=r"--rollout.tool-format 'klingon': unknown"):
+        TrainConfig(model="tiny", env="calculator-v0", env_kwargs={"tool_format": "klingon"})
     # SmolLM2's chat template renders no tool calls, so auto cannot choose for it: a clear error.
     with pytest.raises(ConfigError, match="renders no tool-call format agentrl knows"):
         env_arguments(cfg("calculator-v0", "auto"))
+    # The rollout config no longer holds it; Python code that passed it there is told where it went.
+    with pytest.raises(MigrationError, match=r"tool_format= argument was removed.*env's own argument"):
+        RolloutConfig(tool_format="mistral")
+
+
+def test_an_earlier_config_json_loads_with_the_format_in_env_kwargs(tmp_path):
+    earlier = {"model": "tiny", "env": "calculator-v0", "rollout": {"max_turns": 2, "tool_format": "mistral"}}
+    c = config_from_dict(TrainConfig, earlier)
+    assert (c.env_kwargs, c.rollout.max_turns) == ({"tool_format": "mistral"}, 2)
+    assert not hasattr(c.rollout, "tool_format")
+    # Through a run directory, as eval, resume and replay read it; the rewritten file has one home.
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    run.config_path.write_text(json.dumps({**earlier, "env_kwargs": {"digits": 2}}))
+    c = run.read_config(TrainConfig)
+    assert c.env_kwargs == {"digits": 2, "tool_format": "mistral"}
+    assert run_settings(str(run.path)).env_kwargs == {"digits": 2, "tool_format": "mistral"}  # agentrl eval
+    run.write_config(c)
+    saved = json.loads(run.config_path.read_text())
+    assert saved["env_kwargs"]["tool_format"] == "mistral" and "tool_format" not in saved["rollout"]
+    # None (every run that named no format) and a non-ToolEnv's format (never handed over) are dropped.
+    for env, fmt in (("calculator-v0", None), ("guess-number-v0", "auto")):
+        loaded = config_from_dict(TrainConfig, {"env": env, "rollout": {"tool_format": fmt}})
+        assert loaded.env_kwargs == {}, (env, fmt)
+    # The same format in both is one format; two different ones are refused, naming both.
+    both = {**earlier, "env_kwargs": {"tool_format": "mistral"}}
+    assert config_from_dict(TrainConfig, both).env_kwargs == {"tool_format": "mistral"}
+    with pytest.raises(
+        ConfigError, match=r"rollout.tool_format mistral and --env-kwargs tool_format 'hermes'"
+    ):
+        config_from_dict(TrainConfig, {**earlier, "env_kwargs": {"tool_format": "hermes"}})
 
 
 @pytest.mark.slow
@@ -40,9 +82,7 @@ def test_a_run_records_the_format_and_replay_uses_it(tmp_path, capsys):
     (first, *_) = agentrl.read_trajectories(out / "trajectories.jsonl")
     assert "To call one, reply with only a JSON object" in first.messages[0].content  # Llama's instructions
     recorded = json.loads((out / "config.json").read_text())
-    assert recorded["rollout"]["tool_format"] == "llama3_json"
-    from agentrl.run import RunDir
-
+    assert recorded["env_kwargs"]["tool_format"] == "llama3_json" and "tool_format" not in recorded["rollout"]
     assert env_arguments(RunDir(out).read_config(TrainConfig)) == {"tool_format": "llama3_json"}
     capsys.readouterr()
     assert cli_main(["replay", str(out), "--reexec"]) == 0
@@ -51,14 +91,13 @@ def test_a_run_records_the_format_and_replay_uses_it(tmp_path, capsys):
 def test_env_kwargs_may_not_contradict_the_format():
     # Issue 47: --env-kwargs used to override --rollout.tool-format silently (and config.json kept both).
     with pytest.raises(ConfigError, match=r"--rollout.tool-format mistral and --env-kwargs tool_format "):
-        cfg("calculator-v0", "mistral", env_kwargs={"tool_format": "llama3_json"})
+        cfg("calculator-v0", "mistral", "--env-kwargs", '{"tool_format": "llama3_json"}')
     with pytest.raises(ConfigError, match="contradict"):
-        cfg("calculator-v0", "auto", env_kwargs={"tool_format": "hermes"})
+        cfg("calculator-v0", "auto", "--env-kwargs", '{"tool_format": "hermes"}')
     # Saying the same thing twice, or once, is fine.
-    assert env_arguments(cfg("calculator-v0", "mistral", env_kwargs={"tool_format": "mistral"})) == {
-        "tool_format": "mistral"
-    }
-    assert env_arguments(cfg("calculator-v0", None, env_kwargs={"tool_format": "hermes"})) == {
+    same = cfg("calculator-v0", "mistral", "--env-kwargs", '{"tool_format": "mistral"}')
+    assert env_arguments(same) == {"tool_format": "mistral"}
+    assert env_arguments(cfg("calculator-v0", None, "--env-kwargs", '{"tool_format": "hermes"}')) == {
         "tool_format": "hermes"
     }
     # From the command line: exit status 2 and the message, before anything is built.
@@ -88,4 +127,4 @@ def test_auto_prints_and_records_the_format_it_chose(tmp_path, capsys, hermes_mo
     assert cli_main(argv) == 0
     printed = capsys.readouterr().out
     assert f"--rollout.tool-format auto: hermes (the chat template of {hermes_model} renders it)" in printed
-    assert json.loads((out / "config.json").read_text())["rollout"]["tool_format"] == "hermes"
+    assert json.loads((out / "config.json").read_text())["env_kwargs"]["tool_format"] == "hermes"

@@ -334,7 +334,7 @@ async def agent_runner(
 ) -> AsyncIterator[AgentRunner | None]:
     """For the trainer: an :class:`AgentRunner` with its gateway running in front of ``policy`` when
     ``cfg.agent`` is set, else None. ``cfg.env`` is the task source. Under ``--ray`` each rollout worker
-    runs one in front of the inference servers (:class:`~agentrl.trainers.distributed.actors.RolloutWorker`).
+    runs one in front of the inference servers (:class:`~agentrl.trainers.ray.actors.RolloutWorker`).
     """
     if cfg.agent is None:
         yield None

@@ -8,7 +8,7 @@ task have their rewards.
 
 It is an episode source of the one training loop, as ``train --agent``'s
 :class:`~agentrl.trainers.gateway.agent_rollout.AgentRunner` is: :func:`train_live` runs
-:func:`agentrl.trainers.pg.train` on the local runtime with this source instead of an agent, so admission
+:func:`agentrl.trainers.train.train` on the local runtime with this source instead of an agent, so admission
 under ``--max-staleness``, the learner, checkpoints and metrics are those of ``agentrl train``. Each group the
 loop leases waits for the next complete group of sessions (first complete, first handed).
 
@@ -214,8 +214,8 @@ def train_live(serve: ServeConfig, train: TrainConfig, *, api_key: str | None) -
     --train``); returns the exit status. SIGINT/SIGTERM stop it as they stop ``agentrl train``."""
     from agentrl.run import RunDir
     from agentrl.trainers.local import local_runtime
-    from agentrl.trainers.pg import train as run_training
     from agentrl.trainers.runtime import TrainRuntime
+    from agentrl.trainers.train import train as run_training
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers.utils import logging as hf_logging

@@ -1,6 +1,6 @@
 """The Ray actors of a distributed run: inference servers, the load balancer, rollout workers.
 
-The classes here are plain Python; :mod:`agentrl.trainers.distributed.runtime` turns them into actors with
+The classes here are plain Python; :mod:`agentrl.trainers.ray.runtime` turns them into actors with
 ``ray.remote`` (and the placement options of each role), so this module imports Ray only where a running
 actor needs it.
 
@@ -30,7 +30,7 @@ from agentrl.errors import ConfigError, PolicyError
 from agentrl.protocols import Generation, Sampling, UpdatablePolicy, WeightSink, WeightUpdate
 from agentrl.rollout import schedule_groups
 from agentrl.samples import run_samples
-from agentrl.trainers.distributed.weights import WeightRef, WeightTransport
+from agentrl.trainers.ray.weights import WeightRef, WeightTransport
 from agentrl.types import Provenance, StopReason, Trajectory, TrajectoryMeta
 from agentrl.weights import weights_checksum
 
@@ -264,7 +264,7 @@ class GroupLease:
     seed: int
     """Task seed."""
     group_id: str
-    """The id of this attempt (see :mod:`agentrl.trainers.distributed.ledger`)."""
+    """The id of this attempt (see :mod:`agentrl.trainers.ray.ledger`)."""
     group_size: int
     """Episodes to run."""
     meta: TrajectoryMeta

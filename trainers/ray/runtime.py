@@ -37,7 +37,8 @@ from agentrl.groups import TrajectoryGroup
 from agentrl.rollout import EpisodeDone, task_id
 from agentrl.run import RunDir
 from agentrl.staleness import RuntimeVersions, StepOutcome
-from agentrl.trainers.distributed.actors import (
+from agentrl.trainers.evaluate import EvalReport
+from agentrl.trainers.ray.actors import (
     GroupLease,
     GroupResult,
     InferenceServer,
@@ -48,10 +49,9 @@ from agentrl.trainers.distributed.actors import (
     ServerState,
     hf_policy_factory,
 )
-from agentrl.trainers.distributed.learner import LearnerActor, shard_groups
-from agentrl.trainers.distributed.ledger import GroupKey, GroupLedger, GroupState, LedgerEntry
-from agentrl.trainers.distributed.weights import WeightBroker, WeightRef, make_transport
-from agentrl.trainers.evaluate import EvalReport
+from agentrl.trainers.ray.learner import LearnerActor, shard_groups
+from agentrl.trainers.ray.ledger import GroupKey, GroupLedger, GroupState, LedgerEntry
+from agentrl.trainers.ray.weights import WeightBroker, WeightRef, make_transport
 from agentrl.types import EpisodeFailure, StopReason, Trajectory, TrajectoryMeta
 
 if TYPE_CHECKING:

@@ -7,9 +7,9 @@ Ray is optional (``pip install 'agentrl[ray]'``): importing this package does no
 runtime without it raises a :class:`~agentrl.errors.ConfigError` that says how to install it.
 """
 
-from agentrl.trainers.distributed.ledger import GroupLedger, GroupState, LedgerEntry, LedgerError
-from agentrl.trainers.distributed.runtime import RESOURCES, RayOptions, RayRuntime, ray_runtime, require_ray
-from agentrl.trainers.distributed.weights import (
+from agentrl.trainers.ray.ledger import GroupLedger, GroupState, LedgerEntry, LedgerError
+from agentrl.trainers.ray.runtime import RESOURCES, RayOptions, RayRuntime, ray_runtime, require_ray
+from agentrl.trainers.ray.weights import (
     ObjectStoreTransport,
     SharedDiskTransport,
     WeightRef,

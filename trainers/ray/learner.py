@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from agentrl.groups import TrajectoryGroup
 from agentrl.run import RunDir
-from agentrl.trainers.distributed.weights import WeightRef, WeightTransport
+from agentrl.trainers.ray.weights import WeightRef, WeightTransport
 
 if TYPE_CHECKING:
     from agentrl.trainers.learner_core import LearnerCore

@@ -14,7 +14,7 @@ One step, top to bottom::
 
 The loop (:func:`agentrl.trainers.loop.run_steps`: one loop, in lock step at ``--max-staleness 0``,
 overlapping generation with learning above) runs over a :class:`~agentrl.trainers.runtime.TrainRuntime`:
-this process (trainers/local.py, the default) or Ray actors (``--ray``, trainers/distributed/). Resume
+this process (trainers/local.py, the default) or Ray actors (``--ray``, trainers/ray/). Resume
 (``--resume RUN``) loads the last checkpoint, drops metrics lines of steps it will redo and reuses every
 *complete* group of the interrupted step already on disk (:func:`~agentrl.trainers.loop.reusable_groups`),
 so no finished trajectory is lost and no step is logged twice. SIGINT/SIGTERM stop.
@@ -55,10 +55,10 @@ RuntimeFactory = Callable[[TrainConfig, RunDir], contextlib.AbstractAsyncContext
 
 def open_runtime(cfg: TrainConfig, run: RunDir) -> contextlib.AbstractAsyncContextManager[TrainRuntime]:
     """The runtime the config asks for: Ray actors with ``--ray``
-    (:func:`agentrl.trainers.distributed.ray_runtime`), else this process
+    (:func:`agentrl.trainers.ray.ray_runtime`), else this process
     (:func:`agentrl.trainers.local.local_runtime`)."""
     if cfg.deploy.ray is not None:
-        from agentrl.trainers.distributed import ray_runtime
+        from agentrl.trainers.ray import ray_runtime
 
         return ray_runtime(cfg, run)
     from agentrl.trainers.local import local_runtime

@@ -1,1 +1,0 @@
-"""The rollout tests use the suite-wide ``tok`` and ``renderer`` fixtures of tests/conftest.py."""
