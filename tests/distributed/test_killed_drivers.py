@@ -15,7 +15,7 @@ from agentrl import read_trajectories
 from agentrl.metrics import read_metrics
 from agentrl.models import resolve_tokenizer
 from agentrl.replay import load as load_run
-from agentrl.trainers.distributed import GroupLedger
+from agentrl.trainers.ray import GroupLedger
 from agentrl.trainers.replay.reproduce import reproduce_step
 
 pytest.importorskip("ray", reason="the Ray runtime's tests need the ray extra (bash .ci/setup --dev)")
