@@ -11,7 +11,7 @@ backends start. See ``sandbox/README.md`` for the threat model.
 from agentrl.execution import ExecResult, Limits
 from agentrl.types import ToolStatus
 
-from ._cgroup import release as release_cgroups
+from ._reaper import release as release_cgroups
 from .docker import DockerSandbox
 from .e2b import E2BSandbox
 from .local import LIMIT_NAMES, LocalSandbox, self_test

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Cgroup", "CgroupManager", "manager", "release"]
+__all__ = ["Cgroup", "CgroupManager", "manager"]
 
 log = logging.getLogger(__name__)
 
@@ -339,21 +339,6 @@ class CgroupManager:
 
 
 _manager: CgroupManager | None = None
-
-
-def release() -> None:
-    """Remove this process's sandbox cgroups now, and reap those of dead agentrl processes anywhere.
-
-    The groups are otherwise removed at exit (``atexit``), which a process killed outright never runs: a Ray
-    actor stopped with ``ray.kill`` (a rollout worker at the end of a run) calls this first, after closing
-    its sandboxes. A group of this process that still holds a process stays. The reap
-    (:func:`agentrl.sandbox._reaper.reap_cgroups`) removes the groups of workers killed since the last pool
-    started on this machine, whatever cgroup they lived in."""
-    if _manager is not None and _manager.version:
-        _manager.release()
-    from ._reaper import reap_cgroups  # here: the reaper builds on this module
-
-    reap_cgroups()
 
 
 def manager() -> CgroupManager:

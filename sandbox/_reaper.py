@@ -34,7 +34,7 @@ from pathlib import Path
 
 from . import _cgroup
 
-__all__ = ["ReapReport", "hierarchies", "reap_cgroups"]
+__all__ = ["ReapReport", "hierarchies", "reap_cgroups", "release"]
 
 log = logging.getLogger(__name__)
 
@@ -217,3 +217,16 @@ def reap_cgroups(roots: Iterable[Path] | None = None, *, dry_run: bool = False) 
             "".join(f"; kept {f}: {why}" for f, why in kept),
         )
     return report
+
+
+def release() -> None:
+    """Remove this process's sandbox cgroups now, and reap those of dead agentrl processes anywhere.
+
+    The groups are otherwise removed at exit (``atexit``), which a process killed outright never runs: a Ray
+    actor stopped with ``ray.kill`` (a rollout worker at the end of a run) calls this first, after closing
+    its sandboxes. A group of this process that still holds a process stays. The reap (:func:`reap_cgroups`)
+    removes the groups of workers killed since the last pool started on this machine, whatever cgroup they
+    lived in. (It lives here, not in ``_cgroup``, because the reaper builds on that module.)"""
+    if _cgroup._manager is not None and _cgroup._manager.version:
+        _cgroup._manager.release()
+    reap_cgroups()
