@@ -93,7 +93,7 @@ def unsupported_reason(model: Any) -> str | None:
         return "pretraining_tp > 1"
     if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "attn_logit_softcapping", None):
         return "logit soft-capping"
-    base = getattr(model, "model", None)
+    base: Any = getattr(model, "model", None)
     for part in ("embed_tokens", "layers", "norm", "rotary_emb"):
         if base is None or not hasattr(base, part):
             return f"no model.{part}"
@@ -123,9 +123,9 @@ class LeanForward:
     def __init__(self, module: nn.Module, model_hooks: nn.Module | None = None):
         reason = unsupported_reason(module)
         if reason is not None:
-            raise ValueError(f"the lean forward cannot run this model: {reason}")
+            raise ConfigError(f"the lean forward cannot run this model: {reason}")
         self.module = module
-        cfg: Any = module.config  # type: ignore[union-attr]  # checked by unsupported_reason
+        cfg: Any = module.config  # a transformers config (checked by unsupported_reason)
         self.heads = int(cfg.num_attention_heads)
         self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
@@ -155,11 +155,11 @@ class LeanForward:
         ids_B_Q: torch.Tensor,
         pos_B_Q: torch.Tensor,
         kv_len: int,
-        last_B: torch.Tensor | None,
+        last_B_1: torch.Tensor | None,
     ) -> torch.Tensor:
         """Run the rows of ``slots``' current window (:meth:`SlotCache.set_window` was called with
         ``pos_B_Q`` and ``kv_len``), writing their keys/values; returns the logits ``[B, V]`` at position
-        ``last_B[b]`` of each row (the last one when None)."""
+        ``last_B_1[b, 0]`` of each row (the last one when None)."""
         model: Any = self.module
         base = model.model
         B, Q = ids_B_Q.shape
@@ -215,7 +215,7 @@ class LeanForward:
             last_N_E = x_N_E
         else:
             rows = torch.arange(B, device=x_N_E.device) * Q
-            at = rows + (last_B if last_B is not None else torch.full_like(rows, Q - 1))
+            at = rows + (last_B_1[:, 0] if last_B_1 is not None else torch.full_like(rows, Q - 1))
             last_N_E = x_N_E[at]
         logits: torch.Tensor = _linear(model.lm_head, _rms(last_N_E, base.norm))
         return logits
