@@ -34,6 +34,7 @@ import torch
 from agentrl.errors import ConfigError, PolicyError
 from agentrl.models import cache_kwarg, keep_arg, keeps_logits_per_row, pick_kept
 from agentrl.policies.kvcache import KVSpec, PrefixMatch, PrefixTree, SlotCache, _common_prefix
+from agentrl.policies.lean import lean_for
 from agentrl.policies.packed import InferenceTwin, use_packed
 from agentrl.policies.sampling import exponential_race, new_noise_buffer, nucleus
 from agentrl.protocols import FinishReason, Generation, Sampling
@@ -149,6 +150,8 @@ class GenerationEngine:
         version: Initial weights version.
         packed_weights: Decode on packed weights (:mod:`~agentrl.policies.packed`; :meth:`clear_cache` frees
             them): ``True`` every linear layer, ``None`` (fp32, CPU) the shapes faster packed on this CPU.
+        lean_forward: Run forwards without transformers' module dispatch where the model is supported
+            (:func:`~agentrl.policies.lean.lean_for`: ``None`` on CPU unless ``AGENTRL_LEAN_DECODE=0``).
     """
 
     def __init__(
@@ -166,6 +169,7 @@ class GenerationEngine:
         release_when_idle: bool = True,
         version: int = 0,
         packed_weights: bool | None = None,
+        lean_forward: bool | None = None,
     ):
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be a positive int, got {max_batch_size!r}")
@@ -177,6 +181,7 @@ class GenerationEngine:
         self.packed_weights = use_packed(packed_weights, self.device, next(model.parameters()).dtype)
         self._model, self._pack_all = model, packed_weights is True
         self._twin = InferenceTwin(model, pack_all=self._pack_all) if self.packed_weights else None
+        self._lean_req, self._lean = lean_forward, lean_for(model, self._twin, lean_forward, self.device)
         self.spec = KVSpec.from_model(model, self.device)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
@@ -222,6 +227,14 @@ class GenerationEngine:
             self._model = model
             on = self.packed_weights and model is not None
             self._twin = InferenceTwin(model, pack_all=self._pack_all) if on else None
+            self._lean = (
+                lean_for(model, self._twin, self._lean_req, self.device) if model is not None else None
+            )
+
+    @property
+    def lean(self) -> bool:
+        """Whether forwards run on :class:`~agentrl.policies.lean.LeanForward` (while no hook is set)."""
+        return self._lean is not None
 
     @property
     def version(self) -> int:
@@ -506,7 +519,7 @@ class GenerationEngine:
         self._n["prefills"] += 1
         if self._tree.budget_bytes:
             for b, row in enumerate(rows):
-                self._tree.insert(row.req.prompt_ids, _row_reader(self._slots, start + b))
+                self._tree.insert(row.req.prompt_ids, self._slots.reader(start + b))
         self._sample(rows, logits_B_V)
 
     # -- decode ----------------------------------------------------------------------------------
@@ -531,6 +544,11 @@ class GenerationEngine:
     ) -> torch.Tensor:
         """Run rows ``[start, start + B)``; returns the logits of the position each row samples from."""
         self._slots.set_window(start, pos_B_Q, kv_len)
+        t0 = time.perf_counter()
+        if self._lean is not None and self._lean.usable():  # no transformers dispatch, mask or cache calls
+            logits_B_V = self._lean(self._slots, ids_B_Q, pos_B_Q, kv_len, logits_to_keep)
+            self._time["forward"] += time.perf_counter() - t0
+            return logits_B_V
         # Query at position p sees keys at positions <= p of its own row: the cached prefix, its own
         # earlier tokens, never another row's or a stale tail.
         keep_B_1_Q_K = (torch.arange(kv_len, device=self.device) <= pos_B_Q[:, :, None])[:, None]
@@ -538,11 +556,9 @@ class GenerationEngine:
         if self._eager:  # eager attention adds its mask to the scores
             mask = torch.zeros(keep_B_1_Q_K.shape, dtype=self.spec.dtype, device=self.device)
             mask.masked_fill_(~keep_B_1_Q_K, torch.finfo(self.spec.dtype).min)
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {self._cache_kw: self._slots}
         if logits_to_keep is not None:
             kwargs["logits_to_keep"] = keep_arg(logits_to_keep, ids_B_Q.shape[1], self._row_keep)
-        t0 = time.perf_counter()
-        kwargs[self._cache_kw] = self._slots
         run = self._twin.module if self._twin is not None else self._model
         with self._slots.attention():
             out = run(input_ids=ids_B_Q, attention_mask=mask, position_ids=pos_B_Q, use_cache=True, **kwargs)
@@ -577,13 +593,8 @@ class GenerationEngine:
             if self._tree.budget_bytes and not req.cancelled and req.version == self._tree_version:
                 # The conversation so far, minus the last sampled token (never fed, so it has no KV yet).
                 seq = (*req.prompt_ids, *req.token_ids)[: row.length]
-                self._tree.insert(seq, _row_reader(self._slots, i))
+                self._tree.insert(seq, self._slots.reader(i))
             self._remove_row(i)
             out.append((req, req.result()))
         out.reverse()
         return out
-
-
-def _row_reader(slots: SlotCache, row: int) -> Callable[[int, int], torch.Tensor]:
-    """``read_kv(start, stop)`` over one row of ``slots`` (what :meth:`PrefixTree.insert` asks for)."""
-    return lambda start, stop: slots.read(row, start, stop)

@@ -167,6 +167,10 @@ class SlotCache(Cache):
         assert self.buf is not None
         return self.buf[:, :, row, :, start:stop].clone()
 
+    def reader(self, row: int) -> Callable[[int, int], torch.Tensor]:
+        """``read_kv(start, stop)`` over row ``row`` (what :meth:`PrefixTree.insert` asks for)."""
+        return lambda start, stop: self.read(row, start, stop)
+
     def write(self, row: int, start: int, kv: torch.Tensor) -> None:
         """Put ``kv`` (as returned by :meth:`read`) at positions ``[start, start + n)`` of row ``row``."""
         assert self.buf is not None
