@@ -1,4 +1,4 @@
-"""Held-out pass@1 before and after the default run's recipe, per seed and pooled over seeds, read from the
+r"""Held-out pass@1 before and after the default run's recipe, per seed and pooled over seeds, read from the
 runs' own files (no model is run here).
 
     python benchmarks/reasoning_gym_seeds.py \\
@@ -67,7 +67,7 @@ def report(raw: dict[str, Any]) -> EvalReport:
 
 
 def pooled(reports: list[EvalReport]) -> tuple[float, float, float]:
-    """pass@1 over every seed's samples, with a bootstrap over tasks (a task's samples of all seeds together)."""
+    """pass@1 over every seed's samples; the bootstrap resamples tasks (a task: its samples of all seeds)."""
     tasks: dict[str, list[int]] = {}
     for r in reports:
         for t, c, n in zip(r.task_ids, r.task_successes, r.task_samples, strict=True):
@@ -100,8 +100,8 @@ def main() -> None:
     args = p.parse_args()
     runs = [load(a) for a in args.runs]
     lines = [
-        "| seed | pass@1 untrained [95 % CI] | pass@1 after [95 % CI] | paired gain [95 % CI] | steps updated |"
-        " token-limited before -> after | wall | peak RSS GiB |",
+        "| seed | pass@1 untrained [95 % CI] | pass@1 after [95 % CI] | paired gain [95 % CI] |"
+        " steps updated | token-limited before -> after | wall | peak RSS GiB |",
         "|---:|---|---|---|---:|---|---|---:|",
     ]
     pairs, gains, befores = [], [], []
@@ -118,14 +118,14 @@ def main() -> None:
             gains.append(g.gain)
             lines.append(
                 f"| {run['seed']} | {cells} | {after.pass_at_1:.3f} [{after.pass_at_1_low:.3f}, "
-                f"{after.pass_at_1_high:.3f}] | {g.gain:+.3f} [{g.low:+.3f}, {g.high:+.3f}] | {updated} of "
-                f"{len(run['steps'])} | {before.token_limited} -> {after.token_limited} | {run.get('wall')} | "
-                f"{run.get('peak_rss_gib')} |"
+                f"{after.pass_at_1_high:.3f}] | {g.gain:+.3f} [{g.low:+.3f}, {g.high:+.3f}] | "
+                f"{updated} of {len(run['steps'])} | {before.token_limited} -> {after.token_limited} | "
+                f"{run.get('wall')} | {run.get('peak_rss_gib')} |"
             )
         else:
             lines.append(
-                f"| {run['seed']} | {cells} | not reached ({len(run['steps'])} steps done) | - | {updated} of "
-                f"{len(run['steps'])} | {before.token_limited} -> - | {run.get('wall')} | "
+                f"| {run['seed']} | {cells} | not reached ({len(run['steps'])} steps done) | - | "
+                f"{updated} of {len(run['steps'])} | {before.token_limited} -> - | {run.get('wall')} | "
                 f"{run.get('peak_rss_gib')} |"
             )
     summary: dict[str, Any] = {"seeds": [r["seed"] for r in runs], "trained_seeds": len(pairs)}
@@ -146,7 +146,8 @@ def main() -> None:
         )
         lines.append(
             f"| pooled ({len(pairs)} trained of {len(runs)}) | {b:.3f} [{bl:.3f}, {bh:.3f}] | {a:.3f} "
-            f"[{al:.3f}, {ah:.3f}] | {g['gain']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}]{runs_cell} | | | | |"
+            f"[{al:.3f}, {ah:.3f}] | {g['gain']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}]{runs_cell} "
+            "| | | | |"
         )
     Path(args.out).write_text(json.dumps({"summary": summary, "runs": runs}, indent=1))
     print("\n".join(lines))
