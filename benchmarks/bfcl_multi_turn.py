@@ -16,7 +16,8 @@ the episodes/s ratio is side by side (``--no-math`` leaves it out where the time
 round the next ``--per-round`` held-out tasks of every category at once, so the engine batches the
 categories' episodes (decode steps shared, each prompt prefilled once with its prefix reused over the
 turns). The files are rewritten after each round, a round starts only if the last one's duration still fits
-before the deadline, so a stopped run leaves every category with the same number of tasks. The interval is
+before the deadline, so a stopped run leaves every category with the same number of tasks; ``--resume
+docs/benchmarks/bfcl.json`` goes on from the next task, adding to its counts. The interval is
 Wilson's (95 %), which stays informative at 0 of n where a bootstrap over tasks gives [0, 0].
 """
 
@@ -137,8 +138,13 @@ async def measure_rounds(args: argparse.Namespace) -> dict[str, Any]:
         }
         for c in args.categories
     }
+    earlier, done = 0.0, 0
+    if args.resume:  # go on after the tasks a stopped run measured, adding to its counts
+        rows = json.loads(Path(args.resume).read_text())["rows"]
+        done = min(rows[c]["tasks"] for c in args.categories)
+        earlier = max(rows[c]["seconds"] for c in args.categories)
     start, last = time.perf_counter(), 0.0
-    for r in range(args.max_rounds):
+    for r in range(done // args.per_round, args.max_rounds):
         if time.time() + last > until:
             print(f"round {r}: the last round took {last:.0f} s, no longer fits before {args.until} UTC")
             break
@@ -172,12 +178,12 @@ async def measure_rounds(args: argparse.Namespace) -> dict[str, Any]:
             row["infra_failures"] += rep.infra_failures
             row["accuracy"] = row["successes"] / max(row["tasks"], 1)
             row["interval"] = list(wilson(row["successes"], row["tasks"]))
-            row["seconds"] = time.perf_counter() - start
+            row["seconds"] = earlier + time.perf_counter() - start
             row["episodes_per_s"] = row["episodes"] / row["seconds"]
             row["load_after"] = os.getloadavg()[0]
         tally = {c: [v["successes"], v["tasks"]] for c, v in rows.items()}
         print(f"round {r} ({last:.0f} s):", json.dumps(tally), flush=True)
-        write(rows, args, note=f"{r + 1} rounds, {time.perf_counter() - start:.0f} s in all.")
+        write(rows, args, note=f"{r + 1} rounds, {earlier + time.perf_counter() - start:.0f} s in all.")
     return rows
 
 
@@ -234,6 +240,7 @@ def main() -> None:
     p.add_argument("--until", help="HH:MM UTC: run in rounds, all categories at once, until then")
     p.add_argument("--per-round", type=int, default=1, help="tasks per category in each round (--until)")
     p.add_argument("--max-rounds", type=int, default=40, help="at most this many rounds (--until)")
+    p.add_argument("--resume", help="bfcl.json of a stopped --until run: go on from its next task (--until)")
     args = p.parse_args()
     if args.until:
         if args.math:
