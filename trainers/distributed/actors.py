@@ -310,21 +310,29 @@ class RolloutWorker:
         """``--agent``: the worker's :class:`~agentrl.trainers.gateway.agent_rollout.AgentRunner`, its gateway
         in front of the inference servers (started on the first group)."""
         self._limit = asyncio.Semaphore(cfg.rollout.concurrency)
+        self._setup_lock = asyncio.Lock()
         from agentrl.trainers.runtime import group_hook
 
         self._finish_group = group_hook(cfg)  # --reward.relative-judge: each group judged here, as locally
 
     async def _env_factory(self) -> Callable[[], Any]:
-        if self._make_env is None:
-            from agentrl.trainers import factories
+        # One pool per worker: the first groups arrive together, and without the lock each built a pool of
+        # its own while the others' starts were awaited, leaving all but the last one's sandboxes running.
+        async with self._setup_lock:
+            if self._make_env is None:
+                from agentrl.trainers import factories
 
-            # As in the local runtime: none for envs that run no code. Its --sandbox.max-starting is the
-            # driver's (RayRuntime hands the workers a config with it resolved: factories.with_sandbox_cap).
-            pool = factories.sandbox_pool(self.cfg, self.cfg.rollout.concurrency)
-            if pool is not None:
-                self._pool = await pool.__aenter__()
-            self._make_env = factories.env_factory(self.cfg, self._pool)
-        return self._make_env
+                # As in the local runtime: none for envs that run no code. Its --sandbox.max-starting is the
+                # driver's (RayRuntime hands the workers a config with it resolved: with_sandbox_cap).
+                pool = factories.sandbox_pool(self.cfg, self.cfg.rollout.concurrency)
+                if pool is not None:
+                    try:
+                        self._pool = await pool.__aenter__()
+                    except BaseException:
+                        await pool.close()  # the sandboxes that did start (the group fails, and is retried)
+                        raise
+                self._make_env = factories.env_factory(self.cfg, self._pool)
+            return self._make_env
 
     async def _agent_runner(self) -> Any:
         if self._agent is None:
