@@ -201,13 +201,15 @@ class ServerPolicy:
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
         """One turn on the episode's server (failing over when it died)."""
-        from ray.exceptions import RayActorError
+        from ray.exceptions import OutOfMemoryError, RayActorError, WorkerCrashedError
+
+        gone = (RayActorError, OutOfMemoryError, WorkerCrashedError)  # dead, restarting, killed for memory
 
         while True:
             try:
                 gen: Generation = await self.servers[self.index].generate.remote(tuple(prompt_ids), sampling)
                 break
-            except RayActorError as e:
+            except gone as e:
                 if self.failovers >= self.max_failovers:
                     self.lost = True
                     raise PolicyError(f"inference server {self.name} died during a request: {e}") from e
@@ -237,13 +239,15 @@ class BalancedServerPolicy:
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
         """One turn on the least-loaded server."""
-        from ray.exceptions import RayActorError
+        from ray.exceptions import OutOfMemoryError, RayActorError, WorkerCrashedError
+
+        gone = (RayActorError, OutOfMemoryError, WorkerCrashedError)  # dead, restarting, killed for memory
 
         for attempt in range(self.max_failovers + 1):
             index: int = await self.balancer.acquire.remote()
             try:
                 gen: Generation = await self.servers[index].generate.remote(tuple(prompt_ids), sampling)
-            except RayActorError as e:
+            except gone as e:
                 if attempt == self.max_failovers:
                     raise PolicyError(f"no inference server answered (server-{index} died: {e})") from e
                 await asyncio.sleep(0.5 * (attempt + 1))  # a restarting server needs a moment

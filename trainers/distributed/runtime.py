@@ -351,9 +351,10 @@ class RayRuntime(RuntimeVersions):
     ) -> AsyncIterator[EpisodeDone]:
         """Lease the step's groups to the workers and yield every episode of each group that comes back
         (the ledger discards late duplicates); re-lease groups of dead workers and expired leases."""
-        from ray.exceptions import RayActorError, RayTaskError
+        from ray.exceptions import OutOfMemoryError, RayActorError, RayTaskError, WorkerCrashedError
 
         keys = set(self.ledger.issue(step, list(seeds)))
+        gone = (RayActorError, OutOfMemoryError, WorkerCrashedError)
         slots = max(1, -(-self.cfg.rollout.concurrency // group_size)) + 1
         busy = self._busy
         running: dict[asyncio.Future[Any], tuple[GroupKey, str, str, Any]] = {}
@@ -407,7 +408,7 @@ class RayRuntime(RuntimeVersions):
                         print(f"{name} failed on {gid}: {err}", flush=True)  # with its traceback, for the log
                         self.ledger.release(key, gid, f"{name} failed: {why}"[:300])
                         continue
-                    except RayActorError as err:
+                    except gone as err:  # its process is gone (killed, its node lost, or by Ray's OOM killer)
                         self.ledger.release(key, gid, f"{name} died: {type(err).__name__}")
                         self._replace_worker(name)
                         continue
@@ -553,8 +554,7 @@ class RayRuntime(RuntimeVersions):
 
 
 def _given_up(entry: LedgerEntry, group_size: int, meta: TrajectoryMeta) -> tuple[Trajectory, ...]:
-    """The members of a group dropped after its last attempt failed (its workers died, or raised): empty
-    trajectories that record why, as infrastructure failures (never trained on, never reward 0)."""
+    """A group dropped after its last attempt: empty infra-failure records saying why (never trained on)."""
     base = dataclasses.replace(
         meta,
         seed=entry.seed,
