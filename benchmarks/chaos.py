@@ -162,8 +162,11 @@ class Driver:
 
 
 # ------------------------------------------------------------------------------------------------ the soak
-def schedule(rng: random.Random, seconds: float, every: float) -> list[tuple[float, str]]:
-    """Fault times (seconds after the first trained step) and kinds: seeded shuffled rounds of the five."""
+def schedule(
+    rng: random.Random, seconds: float, every: float, kinds_used: tuple[str, ...] = KINDS
+) -> list[tuple[float, str]]:
+    """Fault times (seconds after the first trained step) and kinds: seeded shuffled rounds of ``kinds_used``
+    (all five by default)."""
     out: list[tuple[float, str]] = []
     t, kinds = 0.0, []
     while True:
@@ -171,7 +174,7 @@ def schedule(rng: random.Random, seconds: float, every: float) -> list[tuple[flo
         if t > seconds:
             return out
         if not kinds:
-            kinds = list(KINDS)
+            kinds = list(kinds_used)
             rng.shuffle(kinds)
         out.append((round(t, 1), kinds.pop()))
 
@@ -192,6 +195,7 @@ class Soak:
         self.rss_max = 0
         self.loads: list[float] = []
         self.node_due: float | None = None
+        self.node_start_failures = 0
         self.driver_due: float | None = None
         self._killed_driver = False
         self.stopping = False
@@ -230,7 +234,18 @@ class Soak:
             self.loads.append(os.getloadavg()[0])
         if self.node_due is not None and self.now() >= self.node_due:
             self.node_due = None
-            self.cluster.start_node()
+            try:
+                self.cluster.start_node()
+            except RuntimeError as e:  # e.g. "timed out during startup" on a loaded machine: try again
+                self.node_start_failures += 1
+                print(
+                    f"[{self.now():7.1f}s] node restart failed ({self.node_start_failures}): "
+                    f"{str(e).strip().splitlines()[-1][:160]}",
+                    flush=True,
+                )
+                if self.node_start_failures > 5:
+                    raise
+                self.node_due = self.now() + 5.0
         rc = self.driver.exited()
         if rc is not None and self.driver_due is None and not self.stopping:
             if not self._killed_driver:
@@ -306,7 +321,7 @@ class Soak:
         """Start the cluster and the driver, inject the schedule's faults, stop the driver."""
         args = self.args
         rng = random.Random(args.seed)
-        plan = schedule(rng, args.minutes * 60, args.every)
+        plan = schedule(rng, args.minutes * 60, args.every, tuple(args.kinds.split(",")))
         self.timing["load0"] = os.getloadavg()
         self.cluster.start_head()
         self.cluster.start_node()
@@ -477,6 +492,7 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=30.0, help="how long faults are injected")
     ap.add_argument("--every", type=float, default=30.0, help="seconds between faults (± 25 %%)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the fault schedule")
+    ap.add_argument("--kinds", default=",".join(KINDS), help="the fault kinds to inject, comma-separated")
     ap.add_argument("--node-down-s", type=float, default=10.0, help="seconds a killed node stays down")
     ap.add_argument("--generate-s", type=float, default=0.3, help="the scripted sampler's sleep per turn")
     ap.add_argument("--tool-s", type=float, default=0.2, help="sleep inside each sandboxed python call")
@@ -489,6 +505,8 @@ def main() -> None:
     ap.add_argument("--drive", nargs=2, metavar=("RUN", "ADDRESS"), help=argparse.SUPPRESS)
     ap.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if bad := set(args.kinds.split(",")) - set(KINDS):
+        ap.error(f"--kinds: unknown fault kinds {sorted(bad)} (known: {', '.join(KINDS)})")
     if args.drive:
         sys.exit(drive(Path(args.drive[0]), args.drive[1], args.resume, args.generate_s, args.tool_s))
     sys.path.insert(0, str(HERE))

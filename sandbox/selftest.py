@@ -265,7 +265,11 @@ async def _cached(target: SelfTestTarget) -> SelfTestReport:
         raise
     finally:
         pending.pop(key, None)
-    _cache[key] = report
+    # Only a pass is kept. A failure may be the probe's own (killed from outside, starved on a loaded
+    # machine: "check did not run"); kept, it refused every later sandbox of the process, so a long-lived
+    # rollout worker failed all its groups. The next start tests again, and a real gap fails it again.
+    if report.passed:
+        _cache[key] = report
     fut.set_result(report)
     if report.passed:
         log.info("sandbox self-test passed in %.2f s", report.duration_s)
@@ -275,8 +279,8 @@ async def _cached(target: SelfTestTarget) -> SelfTestReport:
 
 
 async def ensure_self_test(target: SelfTestTarget) -> SelfTestReport:
-    """Run the self-test for ``target``'s configuration once per process; raise unless it passed or the
-    target is ``unsafe``."""
+    """Run the self-test for ``target``'s configuration once per process (again at the next call after a
+    failure); raise unless it passed or the target is ``unsafe``."""
     report = await _cached(target)
     if not report.passed:
         if target.unsafe:

@@ -62,6 +62,30 @@ async def test_self_test_runs_once_per_process_and_configuration(monkeypatch):
     assert len(calls) == 1
 
 
+async def test_a_failed_self_test_is_run_again_at_the_next_start(monkeypatch):
+    # The chaos soak killed a new rollout worker's self-test probe: the failure was cached, and the worker
+    # refused every sandbox (and failed every group) for the rest of its life.
+    selftest_mod.clear_cache()
+    real = selftest_mod._run_checks
+    calls = []
+
+    async def probe_killed_once(target):
+        calls.append(1)
+        if len(calls) == 1:
+            return selftest_mod.SelfTestReport({"network": (False, "check did not run: killed")}, 0.1)
+        return await real(target)
+
+    monkeypatch.setattr(selftest_mod, "_run_checks", probe_killed_once)
+    with pytest.raises(SandboxSelfTestError, match="check did not run: killed"):
+        async with LocalSandbox(SMALL):
+            pass
+    async with LocalSandbox(SMALL) as sb:
+        assert (await sb.run("print(1 + 1)")).stdout == "2\n"
+    async with LocalSandbox(SMALL):
+        pass
+    assert len(calls) == 2  # the pass is kept
+
+
 def test_configuration_errors():
     with pytest.raises(ConfigError):
         LocalSandbox(Limits(network=True))

@@ -201,13 +201,15 @@ class ServerPolicy:
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
         """One turn on the episode's server (failing over when it died)."""
-        from ray.exceptions import RayActorError
+        from ray.exceptions import OutOfMemoryError, RayActorError, WorkerCrashedError
+
+        gone = (RayActorError, OutOfMemoryError, WorkerCrashedError)  # dead, restarting, killed for memory
 
         while True:
             try:
                 gen: Generation = await self.servers[self.index].generate.remote(tuple(prompt_ids), sampling)
                 break
-            except RayActorError as e:
+            except gone as e:
                 if self.failovers >= self.max_failovers:
                     self.lost = True
                     raise PolicyError(f"inference server {self.name} died during a request: {e}") from e
@@ -237,13 +239,15 @@ class BalancedServerPolicy:
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
         """One turn on the least-loaded server."""
-        from ray.exceptions import RayActorError
+        from ray.exceptions import OutOfMemoryError, RayActorError, WorkerCrashedError
+
+        gone = (RayActorError, OutOfMemoryError, WorkerCrashedError)  # dead, restarting, killed for memory
 
         for attempt in range(self.max_failovers + 1):
             index: int = await self.balancer.acquire.remote()
             try:
                 gen: Generation = await self.servers[index].generate.remote(tuple(prompt_ids), sampling)
-            except RayActorError as e:
+            except gone as e:
                 if attempt == self.max_failovers:
                     raise PolicyError(f"no inference server answered (server-{index} died: {e})") from e
                 await asyncio.sleep(0.5 * (attempt + 1))  # a restarting server needs a moment
@@ -310,21 +314,29 @@ class RolloutWorker:
         """``--agent``: the worker's :class:`~agentrl.trainers.gateway.agent_rollout.AgentRunner`, its gateway
         in front of the inference servers (started on the first group)."""
         self._limit = asyncio.Semaphore(cfg.rollout.concurrency)
+        self._setup_lock = asyncio.Lock()
         from agentrl.trainers.runtime import group_hook
 
         self._finish_group = group_hook(cfg)  # --reward.relative-judge: each group judged here, as locally
 
     async def _env_factory(self) -> Callable[[], Any]:
-        if self._make_env is None:
-            from agentrl.trainers import factories
+        # One pool per worker: the first groups arrive together, and without the lock each built a pool of
+        # its own while the others' starts were awaited, leaving all but the last one's sandboxes running.
+        async with self._setup_lock:
+            if self._make_env is None:
+                from agentrl.trainers import factories
 
-            # As in the local runtime: none for envs that run no code. Its --sandbox.max-starting is the
-            # driver's (RayRuntime hands the workers a config with it resolved: factories.with_sandbox_cap).
-            pool = factories.sandbox_pool(self.cfg, self.cfg.rollout.concurrency)
-            if pool is not None:
-                self._pool = await pool.__aenter__()
-            self._make_env = factories.env_factory(self.cfg, self._pool)
-        return self._make_env
+                # As in the local runtime: none for envs that run no code. Its --sandbox.max-starting is the
+                # driver's (RayRuntime hands the workers a config with it resolved: with_sandbox_cap).
+                pool = factories.sandbox_pool(self.cfg, self.cfg.rollout.concurrency)
+                if pool is not None:
+                    try:
+                        self._pool = await pool.__aenter__()
+                    except BaseException:
+                        await pool.close()  # the sandboxes that did start (the group fails, and is retried)
+                        raise
+                self._make_env = factories.env_factory(self.cfg, self._pool)
+            return self._make_env
 
     async def _agent_runner(self) -> Any:
         if self._agent is None:

@@ -28,22 +28,35 @@ own keys (:meth:`GroupLedger.lease` with ``keys``). A group the trainer gives up
 ``--on-stale drop``) is abandoned: dropped, with its reason, and any late result of it discarded.
 :meth:`GroupLedger.lease` also takes a ``limit`` on groups in flight (leased + done-but-untrained) for a
 controller that admits by count alone.
+
+Restart budgets. :class:`RestartBudget` counts the controller's restarts of one kind (rollout workers it
+replaced, inference servers Ray restarted) over a sliding time window: a long run goes on through faults that
+come now and then, and gives up on a crash loop.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Collection, Iterable
+from collections import deque
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any
 
-from agentrl.errors import AgentRLError, ConfigError, StoreError
+from agentrl.errors import AgentRLError, ConfigError, InfraError, StoreError
 from agentrl.run import LEDGER_FILE
 
-__all__ = ["LEDGER_FILE", "GroupKey", "GroupLedger", "GroupState", "LedgerEntry", "LedgerError"]
+__all__ = [
+    "LEDGER_FILE",
+    "GroupKey",
+    "GroupLedger",
+    "GroupState",
+    "LedgerEntry",
+    "LedgerError",
+    "RestartBudget",
+]
 
 GroupKey = tuple[int, int]
 """``(step, task seed)``: what a group is, independent of which attempt ran it."""
@@ -332,3 +345,54 @@ class GroupLedger:
     def dropped(self, step: int) -> list[LedgerEntry]:
         """Groups of ``step`` given up, with their reasons."""
         return [e for e in self.entries.values() if e.step == step and e.state is GroupState.DROPPED]
+
+
+class RestartBudget:
+    """At most ``limit`` restarts of one kind within any ``window_s`` seconds.
+
+    A budget per window rather than per run: a budget over a run's (or a driver's) whole life ends a day-long
+    run at its Nth fault however far apart the faults came, while this one is spent only by a burst (a crash
+    loop, a node that keeps dying) and refills as its restarts age out of the window.
+
+    Args:
+        what: The restarts counted, plural, for the error (``"rollout worker replacements"``).
+        limit: Restarts allowed within any window; a non-negative int.
+        window_s: The window's length in seconds; > 0.
+        clock: Seconds, monotonic (a test passes a fake one).
+
+    Raises:
+        ConfigError: ``limit`` or ``window_s`` is out of range.
+    """
+
+    def __init__(
+        self, what: str, limit: int, window_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ConfigError(f"a restart budget ({what}) must be an int >= 0, got {limit!r}")
+        if not window_s > 0:
+            raise ConfigError(f"a restart budget's window ({what}) must be > 0 seconds, got {window_s!r}")
+        self.what, self.limit, self.window_s, self.clock = what, limit, float(window_s), clock
+        self.total = 0
+        """Restarts spent over the budget's whole life."""
+        self._times: deque[float] = deque()
+
+    def used(self) -> int:
+        """Restarts within the last ``window_s`` seconds."""
+        now = self.clock()
+        while self._times and self._times[0] <= now - self.window_s:
+            self._times.popleft()
+        return len(self._times)
+
+    def spend(self) -> None:
+        """Count one restart now.
+
+        Raises:
+            InfraError: ``limit`` restarts were already spent within the window (the run gives up).
+        """
+        if self.used() >= self.limit:
+            raise InfraError(
+                f"{self.used()} {self.what} within {self.window_s:g} s, the budget is {self.limit} per "
+                f"{self.window_s:g} s; giving up (a crash loop?)"
+            )
+        self._times.append(self.clock())
+        self.total += 1

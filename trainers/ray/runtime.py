@@ -13,10 +13,10 @@
 
 Faults. A worker that dies (actor killed, node gone) fails its calls with ``RayActorError``: the controller
 releases its leases (the groups go back to pending, under a new attempt id), starts a replacement worker and
-carries on; a lease past its deadline is released the same way. Inference servers restart (Ray
-``max_restarts``) and pull the newest weights before serving; an episode whose server died is run again on
-another server, or recorded as an infrastructure failure (never reward 0). The ledger file lets ``--resume``
-pick up after the driver itself was killed.
+carries on; a lease past its deadline is released the same way. Inference servers restart (Ray) and pull
+the newest weights before serving; an episode whose server died is run again on another server, or recorded
+as an infrastructure failure (never reward 0). Both restarts have a budget per time window
+(:class:`~.ledger.RestartBudget`). The ledger file lets ``--resume`` pick up after the driver was killed.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from agentrl.groups import TrajectoryGroup
 from agentrl.rollout import EpisodeDone, task_id
 from agentrl.run import RunDir
 from agentrl.staleness import RuntimeVersions, StepOutcome
-from agentrl.trainers.evaluate import EvalReport
 from agentrl.trainers.ray.actors import (
     GroupLease,
     GroupResult,
@@ -50,8 +49,9 @@ from agentrl.trainers.ray.actors import (
     hf_policy_factory,
 )
 from agentrl.trainers.ray.learner import LearnerActor, shard_groups
-from agentrl.trainers.ray.ledger import GroupKey, GroupLedger, GroupState, LedgerEntry
+from agentrl.trainers.ray.ledger import GroupKey, GroupLedger, GroupState, LedgerEntry, RestartBudget
 from agentrl.trainers.ray.weights import WeightBroker, WeightRef, make_transport
+from agentrl.trainers.evaluate import EvalReport
 from agentrl.types import EpisodeFailure, StopReason, Trajectory, TrajectoryMeta
 
 if TYPE_CHECKING:
@@ -95,9 +95,11 @@ class RayOptions:
     max_attempts: int = 3
     """Attempts per group before it is dropped."""
     server_restarts: int = 3
-    """How often Ray restarts a dead inference server."""
+    """Restarts (by Ray) of one inference server within ``budget_window_s`` before the run gives up."""
     max_replacements: int = 16
-    """Rollout workers the controller may start in place of dead ones over a run."""
+    """Rollout workers the controller may start in place of dead ones within ``budget_window_s``."""
+    budget_window_s: float = 3600.0
+    """The sliding window of both restart budgets (:class:`~.ledger.RestartBudget`)."""
     local_cpus: int = 2
     """CPUs of the Ray instance ``--ray local`` starts."""
     learner_actor: type[LearnerActor] = LearnerActor
@@ -200,6 +202,11 @@ class RayRuntime(RuntimeVersions):
         self._start = 0
         self._version = 0
         self.replaced_workers = 0
+        window, k = opts.budget_window_s, range(cfg.deploy.inference_servers)
+        self.replacements = RestartBudget("rollout worker replacements", opts.max_replacements, window)
+        self.restarts = {
+            f"server-{i}": RestartBudget(f"restarts of server-{i}", opts.server_restarts, window) for i in k
+        }
         self.last_sync: list[ServerState] = []
         self.learner_checksum = ""
         self.sync_s = 0.0
@@ -220,6 +227,23 @@ class RayRuntime(RuntimeVersions):
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.broker = ray.remote(WeightBroker).options(num_cpus=0, scheduling_strategy=here).remote()
         gpus = self.opts.gpus(cfg)
+        # Servers and workers start while the learners load: a resume waits for the slowest, not the sum.
+        server = ray.remote(InferenceServer)
+        self.servers = [
+            server.options(
+                num_cpus=0,
+                num_gpus=gpus,
+                resources={"inference": 1},
+                max_restarts=-1,  # the controller's budget per window decides when to give up (_publish)
+                max_task_retries=0,
+            ).remote(f"server-{k}", self.opts.policy_factory, cfg, self.broker, self.transport)
+            for k in range(dep.inference_servers)
+        ]
+        # Restarted, its calls retried: were it to die (Ray's OOM killer), every episode would fail.
+        retried = {"max_restarts": -1, "max_task_retries": -1, "scheduling_strategy": here}
+        self.balancer = ray.remote(LoadBalancer).options(num_cpus=0, **retried).remote(dep.inference_servers)
+        for _ in range(dep.rollout_workers):
+            self._spawn_worker()
         bundle = {"learner": 1.0, **({"GPU": gpus} if gpus else {})}
         self.placement = placement_group([bundle] * dep.learners, strategy="PACK")
         await self.placement.ready()
@@ -247,24 +271,6 @@ class RayRuntime(RuntimeVersions):
         self.ledger.rewind(self._start)
         if self._start:
             print(f"resumed {self.run.path} at step {self._start} (Ray learner group of {dep.learners})")
-        server = ray.remote(InferenceServer)
-        self.servers = [
-            server.options(
-                num_cpus=0,
-                num_gpus=gpus,
-                resources={"inference": 1},
-                max_restarts=self.opts.server_restarts,
-                max_task_retries=0,
-            ).remote(f"server-{k}", self.opts.policy_factory, cfg, self.broker, self.transport)
-            for k in range(dep.inference_servers)
-        ]
-        self.balancer = (
-            ray.remote(LoadBalancer)
-            .options(num_cpus=0, scheduling_strategy=here)
-            .remote(dep.inference_servers)
-        )
-        for _ in range(dep.rollout_workers):
-            self._spawn_worker()
         await self._workers_up()
         await self._publish(self._start)
 
@@ -304,8 +310,7 @@ class RayRuntime(RuntimeVersions):
             return  # another rollout already replaced it
         del self.workers[dead]
         self._busy.pop(dead, None)
-        if self.replaced_workers >= self.opts.max_replacements:
-            raise InfraError(f"{self.replaced_workers} rollout workers replaced; giving up")
+        self.replacements.spend()  # InfraError once the window's budget is spent
         self.replaced_workers += 1
         name = self._spawn_worker()
 
@@ -346,9 +351,10 @@ class RayRuntime(RuntimeVersions):
     ) -> AsyncIterator[EpisodeDone]:
         """Lease the step's groups to the workers and yield every episode of each group that comes back
         (the ledger discards late duplicates); re-lease groups of dead workers and expired leases."""
-        from ray.exceptions import RayActorError, RayTaskError
+        from ray.exceptions import OutOfMemoryError, RayActorError, RayTaskError, WorkerCrashedError
 
         keys = set(self.ledger.issue(step, list(seeds)))
+        gone = (RayActorError, OutOfMemoryError, WorkerCrashedError)
         slots = max(1, -(-self.cfg.rollout.concurrency // group_size)) + 1
         busy = self._busy
         running: dict[asyncio.Future[Any], tuple[GroupKey, str, str, Any]] = {}
@@ -359,9 +365,8 @@ class RayRuntime(RuntimeVersions):
                 for e in self.ledger.expired():
                     if e.key in keys:
                         self.ledger.release(e.key, e.group_id, f"lease expired on {e.worker}")
-                # A group the ledger dropped after its last attempt still ends as a group (the runtime seam's
-                # contract: one per seed), its members recorded as infrastructure failures with the ledger's
-                # reason, which the trainer drops and never trains on.
+                # A group the ledger dropped after its last attempt still ends as a group (the seam contract:
+                # one per seed) of infrastructure failures with the ledger's reason, which the trainer drops.
                 for k in sorted(keys - given_up):
                     if self.ledger.entries[k].state is GroupState.DROPPED:
                         given_up.add(k)
@@ -400,9 +405,10 @@ class RayRuntime(RuntimeVersions):
                         # The exception itself, not Ray's header line (which names only the method and pid).
                         cause = getattr(err, "cause", None) or err
                         why = f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[-1]}"
+                        print(f"{name} failed on {gid}: {err}", flush=True)  # with its traceback, for the log
                         self.ledger.release(key, gid, f"{name} failed: {why}"[:300])
                         continue
-                    except RayActorError as err:
+                    except gone as err:  # its process is gone (killed, its node lost, or by Ray's OOM killer)
                         self.ledger.release(key, gid, f"{name} died: {type(err).__name__}")
                         self._replace_worker(name)
                         continue
@@ -451,6 +457,9 @@ class RayRuntime(RuntimeVersions):
         ref: WeightRef = refs[0]
         await self.broker.set.remote(ref)
         states: list[ServerState] = list(await asyncio.gather(*(self._sync(s) for s in self.servers)))
+        for s in states:  # each start of a server after its first is a restart by Ray: spend its budget
+            while self.restarts[s.name].total < s.starts - 1:
+                self.restarts[s.name].spend()
         bad = [s for s in states if s.version != version or s.checksum != ref.checksum]
         if bad:
             raise ConfigError(
@@ -545,8 +554,7 @@ class RayRuntime(RuntimeVersions):
 
 
 def _given_up(entry: LedgerEntry, group_size: int, meta: TrajectoryMeta) -> tuple[Trajectory, ...]:
-    """The members of a group dropped after its last attempt failed (its workers died, or raised): empty
-    trajectories that record why, as infrastructure failures (never trained on, never reward 0)."""
+    """A group dropped after its last attempt: empty infra-failure records saying why (never trained on)."""
     base = dataclasses.replace(
         meta,
         seed=entry.seed,
