@@ -37,6 +37,7 @@ from agentrl.groups import TrajectoryGroup
 from agentrl.rollout import EpisodeDone, task_id
 from agentrl.run import RunDir
 from agentrl.staleness import RuntimeVersions, StepOutcome
+from agentrl.trainers.evaluate import EvalReport
 from agentrl.trainers.ray.actors import (
     GroupLease,
     GroupResult,
@@ -51,7 +52,6 @@ from agentrl.trainers.ray.actors import (
 from agentrl.trainers.ray.learner import LearnerActor, shard_groups
 from agentrl.trainers.ray.ledger import GroupKey, GroupLedger, GroupState, LedgerEntry, RestartBudget
 from agentrl.trainers.ray.weights import WeightBroker, WeightRef, make_transport
-from agentrl.trainers.evaluate import EvalReport
 from agentrl.types import EpisodeFailure, StopReason, Trajectory, TrajectoryMeta
 
 if TYPE_CHECKING:
