@@ -478,6 +478,9 @@ def markdown(res: dict[str, Any]) -> str:
             f"{res['driver']['crashes']} | {res['orphans']['processes']}, {res['orphans']['cgroups']} | "
             f"{res['rss_max_gib']:.2f} GiB |",
             "",
+            "Orphans are counted after the reap the next pool start on the node would run (agentrl.sandbox."
+            f"_reaper); before it the run had left {res.get('orphans_before_reap', {}).get('cgroups', 0)} "
+            f"cgroup folders of killed workers, and it removed {res.get('reaped', {}).get('removed', 0)}.",
             f"Dropped groups by reason: {res['dropped_reasons'] or 'none'}. Ledger moves that only faults"
             f" cause: {res['ledger_moves']}. The first step trained {res['first_step_s']:.0f} s after the",
             f"start (cluster start, actors importing torch); wall time {res['wall_s'] / 60:.1f} min. Verdict:"
@@ -526,7 +529,22 @@ def main() -> None:
     soak.timing["end_s"] = soak.now()
     time.sleep(2.0)  # let the kernel finish tearing down the killed sandboxes' cgroups
     checks = check_run(soak.run) if (soak.run / "config.json").exists() else _no_run()
+    # A worker killed after the last pool start or worker close on its node (the final faults, the cluster's
+    # stop) leaves its cgroup folders until the next agentrl process there starts a pool, which reaps them.
+    # That reap is run here, as the next run's first pool would: the invariant is that it leaves nothing.
+    left_by_run = orphans(soak.worker_pids)
+    from agentrl.sandbox._reaper import reap_cgroups
+
+    reap = reap_cgroups()
     res = summarize(soak, soak.timing, checks, orphans(soak.worker_pids))
+    res["orphans_before_reap"] = {k: len(v) for k, v in left_by_run.items()}
+    kept = [list(k) for k in reap.kept]
+    res["reaped"] = {"removed": len(reap.removed), "killed": len(reap.killed), "kept": kept}
+    if reap.kept:
+        res["problems"].append(
+            f"the reaper kept {len(reap.kept)} dead workers' cgroup folders: {reap.kept[:3]}"
+        )
+        res["ok"] = False
     if error:
         res["problems"].insert(0, error)
         res["ok"] = False

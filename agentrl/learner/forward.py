@@ -115,14 +115,30 @@ def _run_backbone(
     if len(captured) != 1:
         raise RuntimeError(f"expected one decoder call, saw {len(captured)}")
     hidden = captured[0]
-    if torch.is_grad_enabled() and hidden.requires_grad:
-        # Tie the model's real output into the graph (with weight 0) so wrappers that hook the
-        # root's
-        # outputs (FSDP pre-backward) see the backward pass.
+    if torch.is_grad_enabled() and hidden.requires_grad and _hooks_root_outputs(model):
+        # Tie the model's real output into the graph (with weight 0) so wrappers that hook the root's
+        # outputs (FSDP pre-backward) see the backward pass. Only for such wrappers: the tie's backward
+        # builds a full [V, H] gradient of the LM head per micro-batch (a zero one, added to the tied
+        # embedding's), a few percent of a CPU update of a small model.
         logits = out.logits if hasattr(out, "logits") else out[0]
         hidden = hidden + 0.0 * logits.reshape(-1)[0].to(hidden.dtype)
     post = _logit_transform(model)
     return hidden, lambda h: post(head(h))
+
+
+def _hooks_root_outputs(model: nn.Module) -> bool:
+    """Whether something may hook the root module's outputs for its backward: an FSDP wrapper (FSDP1's class
+    or FSDP2's ``fully_shard``, which subclasses the module), any hook on the root (accelerate's), or a
+    process group of more than one rank."""
+    if any(
+        cls.__name__.startswith("FSDP") or cls.__name__ == "FullyShardedDataParallel"
+        for cls in type(model).__mro__
+    ):
+        return True
+    if model._forward_hooks or model._forward_pre_hooks or getattr(model, "_backward_hooks", None):
+        return True
+    dist = torch.distributed
+    return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
 
 
 def _chunk_stats(

@@ -67,7 +67,6 @@ SAMPLING_FLAGS = ("max_new_tokens", "max_total_tokens", "max_turns", "temperatur
 
 @dataclass(frozen=True)
 class _Handed:
-    step: int
     group_id: str
     task_id: str
     sessions: tuple[str, ...]
@@ -141,7 +140,7 @@ class LiveGroups:
             )
             group = TrajectoryGroup(trajs)
             sessions = tuple(str(e[0].meta.extra.get("session_id", "")) for e in episodes)
-            self._handed[seed] = _Handed(meta.step or 0, gid, group.task_id, sessions)
+            self._handed[seed] = _Handed(gid, group.task_id, sessions)
             for t in trajs[:-1]:
                 yield EpisodeDone(t)
             yield EpisodeDone(trajs[-1], group)
