@@ -34,7 +34,11 @@ from torch import nn
 
 from agentrl.errors import ConfigError
 from agentrl.policies.kvcache import SlotCache
-from agentrl.policies.packed import InferenceTwin, _PackedLinear
+from agentrl.policies.packed import (  # the hook attributes the twin copies
+    _HOOK_DICTS,
+    InferenceTwin,
+    _PackedLinear,
+)
 
 __all__ = ["ENV_SWITCH", "SUPPORTED_CLASSES", "LeanForward", "lean_enabled", "lean_for", "unsupported_reason"]
 
@@ -44,13 +48,6 @@ ENV_SWITCH = "AGENTRL_LEAN_DECODE"
 """Environment variable: ``0`` turns the lean forward off (the engine then runs the transformers forward)."""
 
 _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-_HOOK_DICTS = (
-    "_forward_pre_hooks",
-    "_forward_pre_hooks_with_kwargs",
-    "_forward_hooks",
-    "_forward_hooks_with_kwargs",
-    "_forward_hooks_always_called",
-)
 
 
 def lean_enabled(requested: bool | None) -> bool:
