@@ -144,11 +144,18 @@ class SandboxPool:
         need = max(0, self._warm - self._live)
         self._live += need
         made = await asyncio.gather(*(self._new() for _ in range(need)), return_exceptions=True)
+        failed = [e for e in made if isinstance(e, BaseException)]
+        self._live -= len(failed)
         for sb in made:
-            if isinstance(sb, BaseException):
-                self._live -= 1
-                raise SandboxError(f"sandbox pool could not start a sandbox: {sb}") from sb
-            self._give(sb)
+            if not isinstance(sb, BaseException):
+                self._give(sb)
+        if failed:
+            # The caller gets no pool to close (``async with`` never reaches __aexit__), so the sandboxes
+            # that did start are closed here rather than left running.
+            await self.close()
+            raise SandboxError(
+                f"sandbox pool could not start {len(failed)} of {need} warm sandboxes: {failed[0]}"
+            ) from failed[0]
         return self
 
     async def close(self) -> None:

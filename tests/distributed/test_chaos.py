@@ -74,7 +74,7 @@ def replay_ledger_violations(tmp_path, records):
     return replay_ledger(path, groups_per_step=1)["violations"]
 
 
-@pytest.mark.slow
+@pytest.mark.experiment  # a fixed three minutes of faults: CI's experiment tier (.ci/run)
 @pytest.mark.ray
 @pytest.mark.timeout(900)
 def test_a_three_minute_chaos_soak_loses_and_duplicates_nothing(tmp_path):

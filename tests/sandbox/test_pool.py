@@ -76,6 +76,19 @@ async def test_failing_factory_is_an_infra_error():
     await pool.close()
 
 
+async def test_a_failed_warm_start_closes_the_sandboxes_that_did_start():
+    # One of three warm sandboxes refuses to start: start() raises, and the two that started are closed (the
+    # caller has no pool to close; ``no_leaks`` checks that no sandbox process or cgroup is left).
+    made = iter([factory, lambda: LocalSandbox(SMALL, disable_limits=["network"]), factory])
+    pool = SandboxPool(lambda: next(made)(), size=3, warm=3, max_starting=3)
+    with pytest.raises(SandboxError, match="could not start 1 of 3 warm sandboxes"):
+        await pool.start()
+    assert pool.stats.live == 0 and pool.stats.idle == 0
+    with pytest.raises(SandboxError, match="closed"):
+        async with pool.acquire():
+            pass
+
+
 async def test_many_episodes_through_a_small_pool():
     async with SandboxPool(factory, size=4, max_waiting=64) as pool:
 
