@@ -38,8 +38,10 @@ async def test_without_ray_installed_the_error_says_how_to_get_it(tmp_path, monk
             pass
 
 
-async def test_a_bad_address_is_refused(tmp_path):
-    pytest.importorskip("ray")
+async def test_a_bad_address_is_refused(tmp_path, monkeypatch):
+    ray = pytest.importorskip("ray")
+    # After the session cluster's tests in one process (-n 0), Ray is initialised and connect would use it.
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
     from agentrl.trainers.ray.runtime import RayOptions, connect
 
     with pytest.raises(ConfigError, match="give local, auto, ray://host:port"):
