@@ -7,6 +7,7 @@ sandboxes are real, the learner is the tiny model."""
 
 import asyncio
 import dataclasses
+import json
 import time
 from collections import defaultdict
 
@@ -115,6 +116,7 @@ async def finish_step(rt, groups, version):
 
 # ---------------------------------------------------------------------------------------------------
 async def test_one_worker_server_learner_equals_the_single_process_trainer(cluster, tmp_path, monkeypatch):
+    """Also: the held-out evaluation runs on an inference server (one runtime start for both claims)."""
     # Single process: the same scripted sampler in place of HFPolicy.
     monkeypatch.setattr(
         factories,  # where the local runtime builds its sampler
@@ -123,9 +125,16 @@ async def test_one_worker_server_learner_equals_the_single_process_trainer(clust
     )
     local_cfg = config(tmp_path, ray=None, out=str(tmp_path / "local"))
     await pg.train(local_cfg)
-    ray_cfg = config(tmp_path, out=str(tmp_path / "ray"))
+    # The Ray run also evaluates on held-out tasks, before and after its step, on its inference server (the
+    # evaluation writes only eval*.json: the trajectories and metrics compared below are the training's).
+    ray_cfg = config(tmp_path, out=str(tmp_path / "ray"), eval=EvalConfig(tasks=4, samples=1))
     opts = RayOptions(policy_factory=ScriptedTIRFactory())
     await pg.train(ray_cfg, runtime=lambda c, r: ray_runtime(c, r, opts))
+    report = json.loads((tmp_path / "ray" / "eval.json").read_text())
+    for label in ("untrained", "trained"):
+        # Every episode was sampled on the scripted inference server (none lost to the infrastructure).
+        assert report[label]["tasks"] == 4 and report[label]["infra_failures"] == 0, report[label]
+        assert (tmp_path / "ray" / f"eval-{label}.json").is_file()
 
     def by_task(run):
         out = defaultdict(list)
