@@ -55,7 +55,7 @@ def config(tmp_path, *, ray="auto", **kw):
         progress=False,
         deploy=train_setup.DeployConfig(ray=ray, **deploy),
         # No held-out evaluation before and after training: 2 x 64 episodes, more than the runs' own steps.
-        # It runs on Ray in test_ray_agent's test_the_held_out_evaluation_runs_on_an_inference_server.
+        # It runs on Ray in test_one_worker_server_learner_equals_the_single_process_trainer (4 tasks).
         eval=EvalConfig(tasks=0),
     )
     base.update(kw)
