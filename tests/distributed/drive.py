@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
         max_staleness=staleness,
         keep_checkpoints=10,
         # No held-out evaluation (2 x 64 episodes at 0.4 s a turn, more than the run): the tests check the
-        # resume; the evaluation on Ray is test_ray_agent's.
+        # resume; the evaluation on Ray is test_ray_runtime's equivalence test's.
         eval=EvalConfig(tasks=0),
     )
     opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=0.4), lease_s=120)

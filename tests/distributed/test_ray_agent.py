@@ -1,24 +1,19 @@
 """What the one loop and the one scheduler let compose on Ray: ``--agent`` trains with its gateway in each
 rollout worker in front of the inference servers (the real tiny model, the real gateway, a real local Ray
-cluster), and the held-out evaluation runs on an inference server."""
+cluster). That the held-out evaluation runs on an inference server is checked in test_ray_runtime's
+test_one_worker_server_learner_equals_the_single_process_trainer (one runtime start for both)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import pytest
 
 from agentrl import read_trajectories
 from agentrl.metrics import read_metrics
-from agentrl.rollout import RolloutConfig
 from agentrl.trainers import train as pg
-from agentrl.trainers.evaluate import EvalConfig
-from agentrl.trainers.ray import RayOptions, ray_runtime
 from agentrl.trainers.train_setup import DeployConfig, TrainConfig
-
-from .scripted import ScriptedTIRFactory
 
 ray = pytest.importorskip("ray", reason="the Ray runtime's tests need the ray extra (bash .ci/setup --dev)")
 
@@ -49,27 +44,3 @@ async def test_an_agent_trains_on_ray_through_a_gateway_per_worker(cluster, tmp_
     assert {t.meta.provenance.worker for t in trajs if t.meta.provenance} <= {"worker-0", "worker-1"}
     assert all(t.meta.policy_version == t.meta.step for t in trajs)  # S = 0: the step's own weights
     assert "no held-out evaluation with --agent" in capsys.readouterr().out
-
-
-async def test_the_held_out_evaluation_runs_on_an_inference_server(cluster, tmp_path):
-    cfg = TrainConfig(
-        model="tiny",
-        env="math-tir-arith-v0",
-        group_size=2,
-        groups_per_step=2,
-        steps=1,
-        out=str(tmp_path / "run"),
-        rollout=RolloutConfig(
-            max_turns=3, max_new_tokens=48, concurrency=4, on_template_mismatch="stop", seed=3
-        ),
-        eval=EvalConfig(tasks=4, samples=1),
-        progress=False,
-        deploy=DeployConfig(ray="auto"),
-    )
-    opts = RayOptions(policy_factory=ScriptedTIRFactory())
-    run = await pg.train(cfg, runtime=lambda c, r: ray_runtime(c, r, opts))
-    report = json.loads((run / "eval.json").read_text())
-    for label in ("untrained", "trained"):
-        # Every episode was sampled on the scripted inference servers (none lost to the infrastructure).
-        assert report[label]["tasks"] == 4 and report[label]["infra_failures"] == 0, report[label]
-    assert (run / "eval-untrained.json").is_file() and (run / "eval-trained.json").is_file()

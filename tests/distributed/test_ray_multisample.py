@@ -41,7 +41,7 @@ async def test_env_compaction_episodes_train_a_step_on_ray_as_linked_samples(clu
         learner=LearnerConfig(lr=1e-3),
         progress=False,
         deploy=train_setup.DeployConfig(ray="auto"),
-        eval=EvalConfig(tasks=0),  # the evaluation on Ray is test_ray_agent's
+        eval=EvalConfig(tasks=0),  # the evaluation on Ray is test_ray_runtime's equivalence test's
     )
     opts = RayOptions(policy_factory=ScriptedChainFactory())
     await pg.train(cfg, runtime=lambda c, r: ray_runtime(c, r, opts))

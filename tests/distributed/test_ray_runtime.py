@@ -7,6 +7,7 @@ sandboxes are real, the learner is the tiny model."""
 
 import asyncio
 import dataclasses
+import json
 import time
 from collections import defaultdict
 
@@ -54,7 +55,7 @@ def config(tmp_path, *, ray="auto", **kw):
         progress=False,
         deploy=train_setup.DeployConfig(ray=ray, **deploy),
         # No held-out evaluation before and after training: 2 x 64 episodes, more than the runs' own steps.
-        # It runs on Ray in test_ray_agent's test_the_held_out_evaluation_runs_on_an_inference_server.
+        # It runs on Ray in test_one_worker_server_learner_equals_the_single_process_trainer (4 tasks).
         eval=EvalConfig(tasks=0),
     )
     base.update(kw)
@@ -115,6 +116,7 @@ async def finish_step(rt, groups, version):
 
 # ---------------------------------------------------------------------------------------------------
 async def test_one_worker_server_learner_equals_the_single_process_trainer(cluster, tmp_path, monkeypatch):
+    """Also: the held-out evaluation runs on an inference server (one runtime start for both claims)."""
     # Single process: the same scripted sampler in place of HFPolicy.
     monkeypatch.setattr(
         factories,  # where the local runtime builds its sampler
@@ -123,9 +125,16 @@ async def test_one_worker_server_learner_equals_the_single_process_trainer(clust
     )
     local_cfg = config(tmp_path, ray=None, out=str(tmp_path / "local"))
     await pg.train(local_cfg)
-    ray_cfg = config(tmp_path, out=str(tmp_path / "ray"))
+    # The Ray run also evaluates on held-out tasks, before and after its step, on its inference server (the
+    # evaluation writes only eval*.json: the trajectories and metrics compared below are the training's).
+    ray_cfg = config(tmp_path, out=str(tmp_path / "ray"), eval=EvalConfig(tasks=4, samples=1))
     opts = RayOptions(policy_factory=ScriptedTIRFactory())
     await pg.train(ray_cfg, runtime=lambda c, r: ray_runtime(c, r, opts))
+    report = json.loads((tmp_path / "ray" / "eval.json").read_text())
+    for label in ("untrained", "trained"):
+        # Every episode was sampled on the scripted inference server (none lost to the infrastructure).
+        assert report[label]["tasks"] == 4 and report[label]["infra_failures"] == 0, report[label]
+        assert (tmp_path / "ray" / f"eval-{label}.json").is_file()
 
     def by_task(run):
         out = defaultdict(list)
@@ -268,13 +277,20 @@ def test_weights_checksums_match_over_shared_disk(tmp_path):
 
 
 async def test_two_learners_shard_the_model_with_fsdp_and_checkpoint_it(cluster, tmp_path):
+    """Also: leases go to the worker with the fewest groups in flight, so the default step shape (4 groups of
+    2) on two workers runs on both, not all on the first (one runtime start for both claims: a start of the
+    actors is most of a Ray test's time)."""
     from agentrl.checkpoint import load_checkpoint
 
-    cfg, run = new_run(config(tmp_path, learners=2))
-    opts = RayOptions(policy_factory=ScriptedTIRFactory())
+    cfg, run = new_run(config(tmp_path, learners=2, rollout_workers=2, groups_per_step=4))
+    opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=0.1))
     async with ray_runtime(cfg, run, opts) as rt:
         start = rt.learner_checksum
         groups, _ = await Rollout(rt, cfg).finish()
+        per_worker = defaultdict(int)
+        for g in groups:
+            per_worker[g[0].meta.provenance.worker] += 1
+        assert sorted(per_worker.values()) == [2, 2], dict(per_worker)
         metrics = await finish_step(rt, groups, 1)  # every server holds the gathered full weights
         assert rt.learner_checksum != start and metrics["learn/grad_norm"] > 0
         await rt.save_checkpoint(run, 1, keep=2)
@@ -283,8 +299,11 @@ async def test_two_learners_shard_the_model_with_fsdp_and_checkpoint_it(cluster,
     plain = resolve_model(train_setup.model_spec(cfg), tokenizer=False).model
     assert load_checkpoint(RunDir(run.path).require_checkpoint(1), model=plain).step == 1
     assert weights_checksum(plain.state_dict()) == trained
-    # And a resumed learner group starts from it (weights and optimizer state).
-    async with ray_runtime(dataclasses.replace(cfg, resume=str(run.path)), run, opts) as rt:
+    # And a resumed learner group starts from it (weights and optimizer state); one rollout worker will do.
+    resumed = dataclasses.replace(
+        cfg, resume=str(run.path), deploy=dataclasses.replace(cfg.deploy, rollout_workers=1)
+    )
+    async with ray_runtime(resumed, run, opts) as rt:
         assert rt.start_step == 1 and rt.version == 1 and rt.learner_checksum == trained
 
 
@@ -306,17 +325,3 @@ async def test_bf16_compute_servers_hold_the_served_copy_of_the_fp32_master_weig
     assert next(master.parameters()).dtype == torch.float32
     assert weights_checksum(served_copy(master.state_dict(), torch.bfloat16)) == checksum
     assert weights_checksum(master.state_dict()) != checksum
-
-
-async def test_two_workers_share_a_four_group_step(cluster, tmp_path):
-    """Leases go to the worker with the fewest groups in flight: the default step shape (4 groups of 2) on
-    two workers runs on both, not all on the first."""
-    cfg, run = new_run(config(tmp_path, rollout_workers=2, groups_per_step=4))
-    opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=0.1))
-    async with ray_runtime(cfg, run, opts) as rt:
-        groups, _ = await Rollout(rt, cfg).finish()
-        per_worker = defaultdict(int)
-        for g in groups:
-            per_worker[g[0].meta.provenance.worker] += 1
-        assert sorted(per_worker.values()) == [2, 2], dict(per_worker)
-        await finish_step(rt, groups, 1)

@@ -38,9 +38,29 @@ async def test_without_ray_installed_the_error_says_how_to_get_it(tmp_path, monk
             pass
 
 
-async def test_a_bad_address_is_refused(tmp_path):
-    pytest.importorskip("ray")
+async def test_a_bad_address_is_refused(tmp_path, monkeypatch):
+    ray = pytest.importorskip("ray")
+    # After the session cluster's tests in one process (-n 0), Ray is initialised and connect would use it.
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
     from agentrl.trainers.ray.runtime import RayOptions, connect
 
     with pytest.raises(ConfigError, match="give local, auto, ray://host:port"):
         connect("nowhere", TrainConfig(), RayOptions())
+
+
+def test_the_broker_and_balancer_modules_import_neither_torch_nor_transformers():
+    # Each Ray actor is a fresh process that imports its class's module (and its package): the weight broker
+    # and the load balancer, two of a run's five actors, took 2 CPU-s more each to start while the package
+    # imported the evaluation stack (torch, transformers) at the top; now 0.35 CPU-s (tests/distributed).
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from agentrl.trainers.ray.actors import LoadBalancer\n"
+        "from agentrl.trainers.ray.weights import WeightBroker\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

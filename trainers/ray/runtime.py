@@ -37,7 +37,6 @@ from agentrl.groups import TrajectoryGroup
 from agentrl.rollout import EpisodeDone, task_id
 from agentrl.run import RunDir
 from agentrl.staleness import RuntimeVersions, StepOutcome
-from agentrl.trainers.evaluate import EvalReport
 from agentrl.trainers.ray.actors import (
     GroupLease,
     GroupResult,
@@ -55,6 +54,7 @@ from agentrl.trainers.ray.weights import WeightBroker, WeightRef, make_transport
 from agentrl.types import EpisodeFailure, StopReason, Trajectory, TrajectoryMeta
 
 if TYPE_CHECKING:
+    from agentrl.trainers.evaluate import EvalReport
     from agentrl.trainers.train_config import TrainConfig
 
 __all__ = ["RESOURCES", "RayOptions", "RayRuntime", "connect", "ray_runtime", "require_ray"]
