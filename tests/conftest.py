@@ -55,10 +55,12 @@ def renderer(tok):
 # time, and a group runs on one worker:
 # - tests/distributed (every Ray test lives there) is split in RAY_GROUPS: the modules named there are each
 #   a group of their own, and the rest of the folder is one group. A group that uses the `cluster` fixture
-#   starts its worker's session cluster (each such worker has one): as one group on one worker the Ray
-#   tests were the second tier's critical path while the other workers ran out of work, so two groups run
-#   side by side, each next to its own cluster. The chaos soak starts its own `ray start` cluster and runs a
-#   fixed three minutes, so it goes beside them instead of after them. `RAY_GROUPS = ()`: one group again;
+#   starts its worker's session cluster (each such worker has one; a worker that gets a second Ray group
+#   reuses it): as one group on one worker the Ray tests were the second tier's critical path while the
+#   other workers ran out of work. The split follows the modules' measured cost (2026-11-28, one process:
+#   test_ray_runtime ~245 s, test_async_ray ~185 s, test_killed_drivers ~130 s, the rest of the folder
+#   ~285 s; docs/testing.md). A cluster costs ~8 CPU-seconds to start and ~0.08 of a core idle.
+#   `RAY_GROUPS = ()`: one group again;
 # - tests/sandbox: their leak check (tests/sandbox/conftest.py) compares the host's mount table and /tmp
 #   before and after each test, and another worker's Docker containers would change both;
 # - every other module on its own: a module-scoped fixture (a replay module's training run) then runs once,
@@ -69,7 +71,7 @@ def renderer(tok):
 # ignored.)
 RAY_FOLDER, SANDBOX_FOLDER = "tests/distributed/", "tests/sandbox/"
 # The modules of RAY_FOLDER that are a group of their own (docs/testing.md has their times).
-RAY_GROUPS = ("test_async_ray.py", "test_chaos.py")
+RAY_GROUPS = ("test_async_ray.py", "test_ray_runtime.py", "test_killed_drivers.py")
 # `-n auto` starts this many workers per CPU (at most MAX_AUTO_WORKERS): the suite's tests wait on
 # subprocesses, sandboxes, servers and Ray as much as they compute, so a worker more than the cores still
 # gains (docs/testing.md has the numbers).
