@@ -229,10 +229,10 @@ def forward_logprobs(
     recomputing the chunk's LM-head product in backward. Values and gradients are the same either way.
 
     ``fused_head`` (default): with grad, where :func:`~agentrl.learner.head.fused_head_of` allows it (a plain
-    linear head in float32/float64 on CPU, no autocast, no hooks) and ``saved_tokens`` is 0, the chunks go
-    through :func:`~agentrl.learner.head.head_logprobs`, whose hand-written backward does less work per chunk
-    than checkpointed autograd: the same values to the bit, gradients equal to float rounding. False keeps
-    autograd's chunks (for comparisons).
+    linear head in float32/float64 on CPU, no autocast, no hooks), the chunks go through
+    :func:`~agentrl.learner.head.head_logprobs`, whose hand-written backward does less work per chunk than
+    checkpointed autograd (saved chunks keep their softmax there, ``saved_tokens × V`` values): the same
+    values to the bit, gradients equal to float rounding. False keeps autograd's chunks (for comparisons).
     """
     if input_ids_B_T.dim() != 2 or attention_mask_B_T.shape != input_ids_B_T.shape:
         raise ConfigError(
@@ -266,7 +266,7 @@ def forward_logprobs(
 
     lps, spis, ents = [], [], []
     fused = None
-    if grad and fused_head and saved_tokens == 0 and head is not None and not _hooks_root_outputs(model):
+    if grad and fused_head and head is not None and not _hooks_root_outputs(model):
         fused = fused_head_of(model, head, flat_h)
     if fused is not None and idx.numel() > 0:
         lp, spi2, ent = head_logprobs(
@@ -278,6 +278,7 @@ def forward_logprobs(
             want_spi2=with_sum_pi_squared,
             want_entropy=with_entropy,
             entropy_grad=entropy_grad,
+            saved_tokens=saved_tokens,
         )
         lps, spis, ents = [lp], [spi2], [ent]
     elif fused is None:

@@ -84,12 +84,17 @@ class _HeadLogprobs(torch.autograd.Function):
         want_spi2: bool,
         want_entropy: bool,
         entropy_grad: bool,
+        saved_tokens: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         lps, spis, ents = [], [], []
+        # Chunks starting within the first saved_tokens rows keep their softmax for backward (no rerun of the
+        # product there); not with a differentiable entropy, whose gradient needs the log-softmax as well.
+        save = 0 if entropy_grad and want_entropy else saved_tokens
+        kept: list[torch.Tensor] = []
         for s in range(0, h.shape[0], chunk):
             logp = _log_softmax(h[s : s + chunk], head, temperature)
             lps.append(logp.gather(-1, targets[s : s + chunk, None]).squeeze(-1))
-            if want_entropy or want_spi2:
+            if want_entropy or want_spi2 or s < save:
                 p = logp.exp()
                 if want_entropy:
                     # The autograd path's two formulas: a differentiable entropy as mul + sum, a metric as a
@@ -97,6 +102,8 @@ class _HeadLogprobs(torch.autograd.Function):
                     ents.append(-(p * logp).sum(dim=-1) if entropy_grad else -_rowdot(p, logp))
                 if want_spi2:
                     spis.append(_rowdot(p, p))
+                if s < save:
+                    kept.append(p)
                 del p
             del logp
         empty = h.new_zeros(0, dtype=torch.float64 if h.dtype == torch.float64 else torch.float32)
@@ -104,7 +111,7 @@ class _HeadLogprobs(torch.autograd.Function):
         spi2 = torch.cat(spis) if spis else empty.clone()
         ent = torch.cat(ents) if ents else empty.clone()
         ctx.save_for_backward(h, weight, bias, targets, ent if entropy_grad and want_entropy else None)
-        ctx.head, ctx.temperature, ctx.chunk = head, temperature, chunk
+        ctx.head, ctx.temperature, ctx.chunk, ctx.kept = head, temperature, chunk, kept
         # One call: each call replaces the set of the last.
         ctx.mark_non_differentiable(*((spi2,) if entropy_grad and want_entropy else (spi2, ent)))
         return lp, spi2, ent
@@ -115,21 +122,27 @@ class _HeadLogprobs(torch.autograd.Function):
     ) -> tuple[torch.Tensor | None, ...]:
         h, weight, bias, targets, ent = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        head, temperature, chunk = ctx.head, ctx.temperature, ctx.chunk
+        head, temperature, chunk, kept = ctx.head, ctx.temperature, ctx.chunk, ctx.kept
+        ctx.kept = []  # each kept softmax becomes its chunk's gradient buffer below
         grad_h = torch.empty_like(h) if need_h else None
         grad_w: torch.Tensor | None = None
         grad_b: torch.Tensor | None = None
         with torch.no_grad():
-            for s in range(0, h.shape[0], chunk):
+            for k, s in enumerate(range(0, h.shape[0], chunk)):
                 hc = h[s : s + chunk]
-                logp = _log_softmax(hc, head, temperature)
                 g = g_lp[s : s + chunk, None] if g_lp is not None else None
                 ge = g_ent[s : s + chunk, None] if g_ent is not None and ent is not None else None
-                if ge is not None:
+                logp: torch.Tensor | None = None
+                if k < len(kept):  # the forward's softmax (never with an entropy gradient)
+                    p, e = kept[k], None
+                    kept[k] = p.new_empty(0)
+                elif ge is not None:
+                    logp = _log_softmax(hc, head, temperature)
                     p = logp.exp()
                     # d(-Σ p log p)/dz_v = -p_v (log p_v + H), formed in the log-softmax's buffer.
                     e = logp.add_(ent[s : s + chunk, None]).mul_(p).mul_(-ge)
                 else:
+                    logp = _log_softmax(hc, head, temperature)
                     p, e = logp.exp_(), None
                 # d log p_y / dz_v = [v = y] - p_v, in the softmax's own buffer.
                 gz = p.mul_(-g) if g is not None else p.zero_()
@@ -152,7 +165,7 @@ class _HeadLogprobs(torch.autograd.Function):
             grad_w = torch.zeros_like(weight)
         if need_b and grad_b is None and bias is not None:
             grad_b = torch.zeros_like(bias)
-        return grad_h, grad_w, grad_b, None, None, None, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None, None, None
 
 
 def head_logprobs(
@@ -165,11 +178,16 @@ def head_logprobs(
     want_spi2: bool,
     want_entropy: bool,
     entropy_grad: bool,
+    saved_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(log π(target), Σπ², entropy) per row of ``h_N_H`` through ``head`` at ``temperature``, ``chunk_size``
     rows at a time, differentiable in ``h_N_H`` and the head's parameters (the entropy only with
     ``entropy_grad``; Σπ² never). Σπ² and entropy are empty tensors unless wanted. ``head`` must pass
-    :func:`fused_head_of`."""
+    :func:`fused_head_of`.
+
+    Chunks that start within the first ``saved_tokens`` rows keep their softmax ([chunk, V], the head's
+    dtype) until backward, which then does not rerun their product and log-softmax (unless the entropy is
+    differentiable: then every chunk is rerun). The same values and gradients either way."""
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = _HeadLogprobs.apply(  # type: ignore[no-untyped-call]
         h_N_H,
         head.weight,
@@ -181,5 +199,6 @@ def head_logprobs(
         want_spi2,
         want_entropy,
         entropy_grad,
+        saved_tokens,
     )
     return out

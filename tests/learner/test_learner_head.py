@@ -113,3 +113,19 @@ def test_fused_head_declines_what_it_cannot_compute_exactly():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert fused_head_of(model, model.lm_head, h) is None
     assert fused_head_of(model, nn.Sequential(model.lm_head), h) is None
+
+
+@pytest.mark.parametrize("saved", [4, 8, 10_000])
+def test_fused_head_saved_chunks_same_values_and_gradients(saved):
+    """Chunks that keep their softmax for backward: the values of the recomputing path to the bit, and its
+    gradients (to fp32 rounding); with a differentiable entropy nothing is kept (every chunk is rerun)."""
+    model = tiny_qwen2()
+    for entropy_grad in (False, True):
+        kw = dict(chunk_size=4, with_entropy=True, entropy_grad=entropy_grad, temperature=0.9)
+        ref, want = _run(model, True, 5, **kw)
+        got, have = _run(model, True, 5, saved_tokens=saved, **kw)
+        assert torch.equal(got.logprobs_B_T, ref.logprobs_B_T)  # type: ignore[attr-defined]
+        assert torch.equal(got.entropy_B_T, ref.entropy_B_T)  # type: ignore[attr-defined]
+        for n, g in want.items():
+            scale = float(g.abs().max()) or 1.0
+            assert float((have[n] - g).abs().max()) <= 2e-5 * scale, n
