@@ -4,7 +4,9 @@ The vocabulary projection is applied to the final hidden states ``chunk_size`` t
 where a value is needed (model tokens), so no [T, V] fp32 tensor exists; with gradients each chunk is
 checkpointed (its logits are recomputed in backward), keeping the extra memory O(chunk_size × V). The first
 ``saved_tokens`` tokens' chunks may instead keep their log-softmax for backward (no recomputation of the LM
-head: one [chunk, V] product fewer per chunk, for ``saved_tokens × V × 4`` bytes held until backward).
+head: one [chunk, V] product fewer per chunk, for ``saved_tokens × V × 4`` bytes held until backward). On
+CPU, a plain linear head in float32/float64 goes through :mod:`agentrl.learner.head` instead: the same
+chunks with a hand-written backward (less work per chunk, one weight-gradient buffer per micro-batch).
 """
 
 from __future__ import annotations
