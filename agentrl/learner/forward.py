@@ -4,7 +4,9 @@ The vocabulary projection is applied to the final hidden states ``chunk_size`` t
 where a value is needed (model tokens), so no [T, V] fp32 tensor exists; with gradients each chunk is
 checkpointed (its logits are recomputed in backward), keeping the extra memory O(chunk_size × V). The first
 ``saved_tokens`` tokens' chunks may instead keep their log-softmax for backward (no recomputation of the LM
-head: one [chunk, V] product fewer per chunk, for ``saved_tokens × V × 4`` bytes held until backward).
+head: one [chunk, V] product fewer per chunk, for ``saved_tokens × V × 4`` bytes held until backward). On
+CPU, a plain linear head in float32/float64 goes through :mod:`agentrl.learner.head` instead: the same
+chunks with a hand-written backward (less work per chunk, one weight-gradient buffer per micro-batch).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from agentrl.errors import ConfigError
+from agentrl.learner.head import fused_head_of, head_logprobs
 
 __all__ = ["ForwardOutput", "forward_logprobs", "packing_support"]
 
@@ -75,9 +78,9 @@ def _run_backbone(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
-    """Final hidden states [B, T, H] and a function hidden → logits, or logits [B, T, V] and
-    identity.
+) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor], nn.Module | None]:
+    """Final hidden states [B, T, H], a function hidden → logits and the output head, or logits [B, T, V],
+    identity and None.
 
     The model itself is called (not its decoder), so wrappers' hooks (FSDP unshard/reshard, hooks of
     accelerate) run; the decoder's output is captured with a forward hook, and the head is asked for
@@ -99,7 +102,7 @@ def _run_backbone(
     if parts is None or keep is None:
         out = model(**kwargs)
         logits = out.logits if hasattr(out, "logits") else out
-        return logits, lambda z: z
+        return logits, lambda z: z, None
     dec, head = parts
     captured: list[torch.Tensor] = []
 
@@ -123,7 +126,7 @@ def _run_backbone(
         logits = out.logits if hasattr(out, "logits") else out[0]
         hidden = hidden + 0.0 * logits.reshape(-1)[0].to(hidden.dtype)
     post = _logit_transform(model)
-    return hidden, lambda h: post(head(h))
+    return hidden, lambda h: post(head(h)), head
 
 
 def _hooks_root_outputs(model: nn.Module) -> bool:
@@ -203,6 +206,7 @@ def forward_logprobs(
     position_ids_B_T: torch.Tensor | None = None,
     entropy_grad: bool = True,
     saved_tokens: int = 0,
+    fused_head: bool = True,
 ) -> ForwardOutput:
     """One forward pass → per-token log-probs of the next token (and Σπ², entropy), chunked over
     tokens.
@@ -225,6 +229,12 @@ def forward_logprobs(
     chunks that start within the first ``saved_tokens`` computed tokens are not checkpointed: their
     log-softmax is kept for backward (about ``(saved_tokens + chunk_size) × V × 4`` bytes at most) instead of
     recomputing the chunk's LM-head product in backward. Values and gradients are the same either way.
+
+    ``fused_head`` (default): with grad, where :func:`~agentrl.learner.head.fused_head_of` allows it (a plain
+    linear head in float32/float64 on CPU, no autocast, no hooks), the chunks go through
+    :func:`~agentrl.learner.head.head_logprobs`, whose hand-written backward does less work per chunk than
+    checkpointed autograd (saved chunks keep their softmax there, ``saved_tokens × V`` values): the same
+    values to the bit, gradients equal to float rounding. False keeps autograd's chunks (for comparisons).
     """
     if input_ids_B_T.dim() != 2 or attention_mask_B_T.shape != input_ids_B_T.shape:
         raise ConfigError(
@@ -241,7 +251,7 @@ def forward_logprobs(
     dev = input_ids_B_T.device
     if position_ids_B_T is not None and position_ids_B_T.shape != input_ids_B_T.shape:
         raise ConfigError("position_ids must have the shape of input_ids")
-    hidden, to_logits = _run_backbone(model, input_ids_B_T, attention_mask_B_T, position_ids_B_T)
+    hidden, to_logits, head = _run_backbone(model, input_ids_B_T, attention_mask_B_T, position_ids_B_T)
     grad = torch.is_grad_enabled() and hidden.requires_grad
 
     sel_B_T = attention_mask_B_T[:, 1:] != 0
@@ -257,16 +267,33 @@ def forward_logprobs(
     flat_tgt = input_ids_B_T[:, 1:].reshape(-1).index_select(0, idx)
 
     lps, spis, ents = [], [], []
-    for s in range(0, int(idx.numel()), chunk_size):
-        h, tg = flat_h[s : s + chunk_size], flat_tgt[s : s + chunk_size]
-        args = (h, tg, to_logits, temperature, with_sum_pi_squared, with_entropy, entropy_grad)
-        if grad and s >= saved_tokens:
-            lp, spi2, ent = checkpoint(_chunk_stats, *args, use_reentrant=False)
-        else:
-            lp, spi2, ent = _chunk_stats(*args)
-        lps.append(lp)
-        spis.append(spi2)
-        ents.append(ent)
+    fused = None
+    if grad and fused_head and head is not None and not _hooks_root_outputs(model):
+        fused = fused_head_of(model, head, flat_h)
+    if fused is not None and idx.numel() > 0:
+        lp, spi2, ent = head_logprobs(
+            flat_h,
+            flat_tgt,
+            fused,
+            temperature=temperature,
+            chunk_size=chunk_size,
+            want_spi2=with_sum_pi_squared,
+            want_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            saved_tokens=saved_tokens,
+        )
+        lps, spis, ents = [lp], [spi2], [ent]
+    elif fused is None:
+        for s in range(0, int(idx.numel()), chunk_size):
+            h, tg = flat_h[s : s + chunk_size], flat_tgt[s : s + chunk_size]
+            args = (h, tg, to_logits, temperature, with_sum_pi_squared, with_entropy, entropy_grad)
+            if grad and s >= saved_tokens:
+                lp, spi2, ent = checkpoint(_chunk_stats, *args, use_reentrant=False)
+            else:
+                lp, spi2, ent = _chunk_stats(*args)
+            lps.append(lp)
+            spis.append(spi2)
+            ents.append(ent)
 
     out_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
     if grad and not lps:

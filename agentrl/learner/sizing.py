@@ -32,11 +32,15 @@ CPU_MICRO_BATCH_TOKENS = 384
 """Tokens per micro-batch on CPU (the 4 GiB default-run budget)."""
 CPU_CHUNK_SIZE = 128
 """LM-head chunk on CPU (a [128, 49152] fp32 buffer is 24 MiB)."""
-CPU_SAVED_TOKENS = 0
-"""Scored tokens per micro-batch whose LM-head chunks keep their log-softmax for backward on CPU instead of
-being checkpointed. 0: every chunk is checkpointed. 384 (a micro-batch's worth, 72 MiB for SmolLM2's
-vocabulary) spares recomputing the head in backward, but measured no faster near idle (issue 46: floor /
-update 0.796 against 0.803 at load ~5) while holding memory the 4 GiB default run does not have to spare."""
+CPU_SAVED_TOKENS = 384
+"""Scored tokens per micro-batch whose LM-head chunks keep their softmax for backward on CPU instead of being
+recomputed: 384, a whole CPU micro-batch, so backward reruns no LM-head product (72 MiB held per micro-batch
+for SmolLM2's vocabulary). With the hand-written head backward (:mod:`agentrl.learner.head`) the update's
+peak still fell (issue 46, 2026-11-28, SmolLM2-135M fp32, 3 micro-batches of 384 tokens, live peak above the
+resident set: 1,188 MiB autograd's chunks, 999 MiB the new backward recomputing, 1,012 MiB keeping them).
+CPU time of learner_throughput's update at one thread against autograd's checkpointed chunks, 5 interleaved
+repetitions (contended, load 5-14): 0.96x (0.92-0.97x) keeping, 0.95x (0.91-1.02x) recomputing. Until then
+0: with autograd's chunks the saved log-softmax measured no faster."""
 
 
 @dataclass(frozen=True, slots=True)

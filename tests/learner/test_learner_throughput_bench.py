@@ -12,6 +12,23 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "learner_throughput.py"
 
 
+def _bench():
+    spec = importlib.util.spec_from_file_location("learner_throughput", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_paired_ratio_pairs_each_repetition():
+    """learner/floor is the median of each repetition's floor / agentrl seconds, skipping a repetition that
+    one side lost (out of memory): not the ratio of the two medians, which mixes repetitions."""
+    paired = _bench().paired_ratio
+    assert paired([2.0, None, 3.0], [1.0, 1.0, 4.0]) == 1.375  # median of 2.0 and 0.75
+    assert paired([1.0, 4.0, 9.0], [2.0, 8.0, 3.0]) == 0.5  # 0.5, 0.5, 3; the ratio of medians: 4 / 3
+    assert paired([None], [1.0]) != paired([None], [1.0])  # NaN: no repetition has both sides
+
+
 @pytest.mark.slow
 def test_learner_throughput_benchmark_runs(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("learner_throughput", SCRIPT)
@@ -29,6 +46,10 @@ def test_learner_throughput_benchmark_runs(tmp_path, capsys):
     res = json.loads(out.read_text())
     pad = res["variants"]["agentrl"]["padding"]
     assert last == f"learner/floor: {res['learner_over_floor']:.2f}x, padding {pad:.0%}"
+    # One repetition: the paired ratio is that repetition's, and the ratio of medians is the same number.
+    assert res["learner_over_floor_per_rep"] == [res["learner_over_floor"]]
+    assert abs(res["learner_over_floor"] - res["learner_over_floor_of_medians"]) <= 0.002
+    assert res["learner_over_floor_cpu"] > 0 and len(res["variants"]["agentrl"]["cpu_seconds"]) == 1
     assert set(res["variants"]) == {"agentrl", "agentrl-sdpa", "agentrl-padded", "floor", "floor-sdpa"}
     assert res["attention"] == {
         "agentrl": "eager",
