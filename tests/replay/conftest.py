@@ -1,65 +1,39 @@
-"""Two real training runs, made once per test session (in parallel, ~30 s on two cores).
+"""Two real training runs, each made once per test session and shared by every xdist worker (``runs.py``).
 
 * ``tiny_run``: exactly ``agentrl train --model tiny --steps 2 --groups-per-step 2 --group-size 2
-  --rollout.max-new-tokens 24`` — the random model never stops, so every episode is one cut turn with
-  reward 0, but the sampler's log-probs are real (the mismatch is ~1e-6).
+  --rollout.max-new-tokens 24 --eval.tasks 2`` (``runs.TINY_TWO_STEPS``, the same run as test_train.py's
+  ``two_step_run``) — the random model never stops, so every episode is one cut turn with reward 0, but the
+  sampler's log-probs are real (the mismatch is ~1e-6).
 * ``scripted_run``: the same trainer with a scripted sampler (``make_run.py``): real python tool calls in
-  the real sandbox (ok and error), rewards that differ inside each group, non-zero advantages and losses.
+  the real sandbox (ok and error), rewards that differ inside each group, non-zero advantages and losses;
+  no held-out evaluation (no replay test reads ``eval.json``, and its 32 default tasks were most of the
+  run's cost).
+
+Each run is made only when a test asks for it. Tests here only read them (``copy_run`` for a changed copy).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from .runs import TINY_TWO_STEPS, cli_run, shared_run
+
 HERE = Path(__file__).resolve().parent
 
-TINY_ARGS = (
-    "train",
-    "--model",
-    "tiny",
-    "--steps",
-    "2",
-    "--groups-per-step",
-    "2",
-    "--group-size",
-    "2",
-    "--rollout.max-new-tokens",
-    "24",
-    "--no-progress",
-)
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return cli_run(tmp_path_factory, TINY_TWO_STEPS)[0]
 
 
 @pytest.fixture(scope="session")
-def replay_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("replay-runs")
-    tiny, scripted = root / "tiny", root / "scripted"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    cli = "import sys; from agentrl.trainers.cli import main; sys.exit(main())"
-    cmds = {
-        "tiny": [sys.executable, "-c", cli, *TINY_ARGS, "--out", str(tiny)],
-        "scripted": [sys.executable, str(HERE / "make_run.py"), str(scripted)],
-    }
-    procs = {
-        k: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
-        for k, cmd in cmds.items()
-    }
-    for k, p in procs.items():
-        out, _ = p.communicate(timeout=900)
-        if p.returncode != 0:
-            pytest.fail(f"making the {k} run failed (exit {p.returncode}):\n{out[-4000:]}")
-    return {"tiny": tiny, "scripted": scripted}
+def scripted_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return shared_run(tmp_path_factory, [sys.executable, str(HERE / "make_run.py"), "{out}"])[0]
 
 
 @pytest.fixture(scope="session")
-def tiny_run(replay_runs: dict[str, Path]) -> Path:
-    return replay_runs["tiny"]
-
-
-@pytest.fixture(scope="session")
-def scripted_run(replay_runs: dict[str, Path]) -> Path:
-    return replay_runs["scripted"]
+def replay_runs(tiny_run: Path, scripted_run: Path) -> dict[str, Path]:
+    return {"tiny": tiny_run, "scripted": scripted_run}

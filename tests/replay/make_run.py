@@ -83,6 +83,7 @@ def main(out: str) -> int:
     from agentrl.learner import LearnerConfig
     from agentrl.rollout import RolloutConfig
     from agentrl.trainers import factories, local, train
+    from agentrl.trainers.evaluate import EvalConfig
 
     # Where the sampler is built (factories) and where the local runtime recognises one sharing the
     # learner's model (local): the scripted sampler stands in for HFPolicy in both.
@@ -100,6 +101,7 @@ def main(out: str) -> int:
         rollout=RolloutConfig(max_turns=3, max_new_tokens=48, concurrency=8, on_template_mismatch="stop"),
         learner=LearnerConfig(lr=1e-3, micro_batch_tokens=4096),
         progress=False,
+        eval=EvalConfig(tasks=0),  # no replay test reads eval.json; it was most of the run's cost
     )
     return train.main(cfg)
 

@@ -26,6 +26,7 @@ from agentrl.replay import load as load_run
 from agentrl.rollout import RolloutConfig
 from agentrl.staleness import token_versions, turn_versions
 from agentrl.testing import RecordingWeightSink, ScriptedPolicy
+from agentrl.trainers.evaluate import EvalConfig
 from agentrl.trainers.local import local_runtime
 from agentrl.trainers.replay.reproduce import reproduce_step
 from agentrl.trainers.train import TrainConfig, train
@@ -42,6 +43,7 @@ def _cfg(tmp_path, name, **kw):
         steps=4,
         out=str(tmp_path / name),
         progress=False,
+        eval=EvalConfig(tasks=0),  # no test of this module or test_dynamic_sampling.py reads the evaluation
         rollout=RolloutConfig(max_turns=3, max_new_tokens=8, max_total_tokens=512, seed=5, concurrency=16),
         learner=LearnerConfig(lr=5e-3),
         keep_checkpoints=10,

@@ -1,6 +1,9 @@
 """``--curriculum difficulty`` with ``--max-staleness 1`` from the command line, on the tiny model: two steps
 train, the sampler's state is saved beside the checkpoint, and a resumed third step draws what the
-sampler restored from that state draws (the in-process exact-resume test is in test_dynamic_sampling.py)."""
+sampler restored from that state draws (the in-process exact-resume test is in test_dynamic_sampling.py).
+
+The first two steps run through the CLI's ``main`` in this process; the resume runs ``python -m
+agentrl.trainers`` in a fresh process, so the state it restores can only come from the run folder."""
 
 from __future__ import annotations
 
@@ -12,16 +15,14 @@ from collections import defaultdict
 from agentrl import read_trajectories
 from agentrl.metrics import read_metrics
 from agentrl.run import RunDir
+from agentrl.trainers.cli import main as cli_main
 from agentrl.trainers.task_sampler import TaskSampler, sampler_state_path
 
 
-def _train(*extra: str) -> subprocess.CompletedProcess[str]:
+def _args(*extra: str) -> list[str]:
     # The random tiny model never samples a stop token: every turn is cut at --rollout.max-new-tokens and
     # scores 0, so every task the curriculum observes is "unsolved" (a pool it draws from, less often).
-    cmd = [
-        sys.executable,
-        "-m",
-        "agentrl.trainers",
+    return [
         "train",
         "--model",
         "tiny",
@@ -46,6 +47,10 @@ def _train(*extra: str) -> subprocess.CompletedProcess[str]:
         "--no-progress",
         *extra,
     ]
+
+
+def _train_in_a_fresh_process(*extra: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "agentrl.trainers", *_args(*extra)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
@@ -59,8 +64,7 @@ def _seeds_by_step(out) -> dict[int, list[int]]:
 
 def test_cli_curriculum_with_staleness_1_trains_two_steps_and_resumes_with_its_state(tmp_path):
     out = tmp_path / "cli"
-    proc = _train("--steps", "2", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert cli_main(_args("--steps", "2", "--out", str(out))) == 0
     assert [r["step"] for r in read_metrics(out)] == [0, 1]
     cfg = json.loads((out / "config.json").read_text())
     assert (cfg["batch"]["curriculum"], cfg["async_"]["max_staleness"]) == ("difficulty", 1)
@@ -71,7 +75,7 @@ def test_cli_curriculum_with_staleness_1_trains_two_steps_and_resumes_with_its_s
     assert state["curriculum"] == "difficulty"
     assert state["history"] == {str(t): [[k, 0.0]] for k in (0, 1) for t in seeds[k]}
 
-    proc = _train("--steps", "3", "--resume", str(out))
+    proc = _train_in_a_fresh_process("--steps", "3", "--resume", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["step"] for r in read_metrics(out)] == [0, 1, 2]
     # Step 2 sees step 0's observations (lag 1): what a sampler restored from the saved state draws.

@@ -7,7 +7,8 @@ from agentrl.run import RunDir
 from agentrl.trainers.cli import main as cli_main
 
 TINY = ["--model", "tiny", "--group-size", "2", "--groups-per-step", "1", "--rollout.max-new-tokens", "16"]
-FAST = [*TINY, "--steps", "1", "--no-progress"]
+# No held-out evaluation: no test here reads it, and its 32 tasks were most of each run's cost.
+FAST = [*TINY, "--steps", "1", "--eval.tasks", "0", "--no-progress"]
 
 
 def test_failed_starts_leave_nothing_and_the_retry_succeeds(tmp_path, capsys):

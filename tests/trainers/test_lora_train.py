@@ -26,6 +26,7 @@ from agentrl.rollout import RolloutConfig
 from agentrl.run import RunDir
 from agentrl.testing import RecordingWeightSink, ScriptedPolicy
 from agentrl.trainers.cli import main as cli_main
+from agentrl.trainers.evaluate import EvalConfig
 from agentrl.trainers.export import export_merged
 from agentrl.trainers.local import local_runtime
 from agentrl.trainers.train import TrainConfig, train
@@ -49,6 +50,7 @@ def _cfg(tmp_path, name, **kw):
         learner=LearnerConfig(lr=1e-3),
         keep_checkpoints=5,
         lora=LORA,
+        eval=EvalConfig(tasks=0),  # no test here reads the run's own held-out evaluation
     )
     return dataclasses.replace(base, **kw)
 

@@ -19,6 +19,7 @@ from agentrl.rollout import RolloutConfig
 from agentrl.run import RunDir
 from agentrl.testing import RecordingWeightSink, ScriptedPolicy
 from agentrl.trainers.cli import main as cli_main
+from agentrl.trainers.evaluate import EvalConfig
 from agentrl.trainers.local import local_runtime
 from agentrl.trainers.train import TrainConfig, train
 
@@ -42,6 +43,7 @@ def _cfg(tmp_path, name, **kw):
         rollout=RolloutConfig(max_turns=1, max_new_tokens=8, max_total_tokens=512, seed=5, concurrency=8),
         learner=LearnerConfig(lr=3e-6),  # the default run's learning rate
         keep_checkpoints=5,
+        eval=EvalConfig(tasks=0),  # no test here reads the held-out evaluation
     )
     return dataclasses.replace(base, **kw)
 

@@ -21,6 +21,7 @@ from agentrl.metrics import read_metrics
 from agentrl.trainers.cli import build_parser
 from agentrl.trainers.cli import main as cli_main
 from agentrl.trainers.train_setup import TrainConfig, prepare_run, task_seeds
+from tests.replay.runs import TINY_TWO_STEPS, cli_run, private_copy
 
 AGENTRL = [sys.executable, "-m", "agentrl.trainers"]
 TINY = [
@@ -48,15 +49,16 @@ def steps_of(run):
 
 @pytest.fixture(scope="module")
 def two_step_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("runs") / "r"
-    out = run_cli(["train", *TINY, "--steps", "2", "--out", str(run)])
-    assert out.returncode == 0, out.stderr[-3000:]
-    return run, out
+    """``train *TINY --steps 2`` (``TINY_TWO_STEPS``), trained once per session for this module and
+    tests/replay's ``tiny_run``; this module's tests get their own copy, to resume or plot into."""
+    assert list(TINY_TWO_STEPS) == ["train", *TINY, "--steps", "2"]
+    shared, stdout = cli_run(tmp_path_factory, TINY_TWO_STEPS)
+    return private_copy(shared, tmp_path_factory.mktemp("runs") / "r"), stdout
 
 
 def test_run_directory_and_finite_metrics(two_step_run):
-    run, out = two_step_run
-    assert "step 0:" in out.stdout and "step 1:" in out.stdout
+    run, stdout = two_step_run
+    assert "step 0:" in stdout and "step 1:" in stdout
     assert {p.name for p in run.iterdir()} >= {
         "config.json",
         "trajectories.jsonl",
@@ -90,7 +92,7 @@ def test_run_directory_and_finite_metrics(two_step_run):
 
 
 def test_the_run_ends_with_a_held_out_evaluation_of_untrained_and_trained(two_step_run):
-    run, out = two_step_run
+    run, stdout = two_step_run
     report = json.loads((run / "eval.json").read_text())
     assert "bootstrap over tasks" in report["interval"]
     for label in ("untrained", "trained"):
@@ -98,10 +100,10 @@ def test_the_run_ends_with_a_held_out_evaluation_of_untrained_and_trained(two_st
         assert r["split"] == "test" and r["tasks"] == 2 and r["samples_per_task"] == 2
         assert r["task_ids"] == ["math-tir-arith-v0:10000", "math-tir-arith-v0:10001"]  # the same tasks
         assert r["pass_at_1_low"] <= r["pass_at_1"] <= r["pass_at_1_high"]
-        assert f"held-out eval, {label}" in out.stdout
+        assert f"held-out eval, {label}" in stdout
     gain = report["gain"]
     assert gain["gain"] == pytest.approx(report["trained"]["pass_at_1"] - report["untrained"]["pass_at_1"])
-    assert "held-out pass@1 on 2 test tasks x 2: untrained" in out.stdout
+    assert "held-out pass@1 on 2 test tasks x 2: untrained" in stdout
 
 
 @pytest.mark.slow  # ~17 s on 2 cores
@@ -113,7 +115,7 @@ def test_resume_continues_at_step_3_with_the_same_data(two_step_run, tmp_path):
     assert steps_of(run) == [0, 1, 2]
     # The data order is a function of (seed, step): a fresh 3-step run sees the same tasks at step 2.
     fresh = tmp_path / "fresh"
-    out = run_cli(["train", *TINY, "--steps", "3", "--out", str(fresh)])
+    out = run_cli(["train", *TINY, "--eval.tasks", "0", "--steps", "3", "--out", str(fresh)])
     assert out.returncode == 0, out.stderr[-3000:]
 
     def tasks(r, step):
@@ -186,6 +188,8 @@ def test_kill_9_mid_step_then_resume_loses_nothing(tmp_path):
         "48",
         "--steps",
         "3",
+        "--eval.tasks",
+        "0",  # its evaluations (before step 0, after the last) are not what this test checks
         "--out",
         str(run),
     ]
@@ -221,7 +225,7 @@ def test_kill_9_mid_step_then_resume_loses_nothing(tmp_path):
 def test_sigterm_checkpoints_and_exits(tmp_path):
     run = tmp_path / "termed"
     proc = subprocess.Popen(
-        [*AGENTRL, "train", *TINY, "--steps", "5", "--out", str(run)],
+        [*AGENTRL, "train", *TINY, "--eval.tasks", "0", "--steps", "5", "--out", str(run)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -310,14 +314,14 @@ def test_plot_and_envs_commands(two_step_run, capsys):
     assert "math-tir-v0" in capsys.readouterr().out
 
 
-def test_eval_reports_pass_at_k_on_the_held_out_split(two_step_run):
+def test_eval_reports_pass_at_k_on_the_held_out_split(two_step_run, capsys):
     run, _ = two_step_run
     model = run / "checkpoints" / "step-000002" / "model"
-    out = run_cli(
-        ["eval", "--model", str(model), "--env", "math-tir-v0", "--k", "2", "--tasks", "2", "--json"]
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
+    # In this process: the fixture's run already checks `python -m agentrl.trainers`; a fresh interpreter's
+    # imports were most of this test's time. The run's token limit (24), not eval's default 96, per turn.
+    args = ["eval", "--model", str(model), "--env", "math-tir-v0", "--k", "2", "--tasks", "2", "--json"]
+    assert cli_main([*args, "--max-new-tokens", "24"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["split"] == "test" and report["tasks"] == 2 and report["samples_per_task"] == 2
     assert 0.0 <= report["pass_at_1"] <= report["pass_at_k"] <= 1.0
 
