@@ -1,13 +1,35 @@
-"""Suite-wide settings (never reach a model hub; keep BLAS to the machine's two cores) and the fixtures that
-more than one test area uses."""
+"""Suite-wide settings (never reach a model hub; one BLAS thread per worker when the workers fill the cores)
+and the fixtures that more than one test area uses."""
 
 import os
+import sys
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In an xdist worker, when there are at least as many workers as cores: one OpenMP/MKL thread for it and
+    for the processes it starts (CLI runs, Ray actors, servers), unless the caller set OMP_NUM_THREADS. With a
+    torch thread per core in each of 3 workers on 2 cores the threads spin against each other: the fast
+    tier's 49 slowest tests took 25 % less CPU and 23 % less wall time with one (2026-11-28,
+    docs/testing.md)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None or "OMP_NUM_THREADS" in os.environ:
+        return
+    if int(workerinput.get("workercount", 1)) < _cpus():
+        return
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:  # already imported (a plugin): its pool was sized before the variable was set
+        sys.modules["torch"].set_num_threads(1)
+
+
+def _cpus() -> int:
+    """The CPUs this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 async def _probe(cls: type) -> str:
@@ -137,8 +159,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     (PYTEST_XDIST_AUTO_NUM_WORKERS overrides it, as in xdist)."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # xdist's own hook reads it
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(MAX_AUTO_WORKERS, round(cpus * WORKERS_PER_CPU)))
+    return max(1, min(MAX_AUTO_WORKERS, round(_cpus() * WORKERS_PER_CPU)))
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
