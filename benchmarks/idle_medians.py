@@ -31,6 +31,20 @@ def _cell(values: list[float], digits: int = 2, unit: str = "") -> str:
     return f"**{statistics.median(values):.{digits}f}{unit}** ({listed})"
 
 
+def _learner_detail(lt: list[dict[str, Any]]) -> list[str]:
+    """Rows for what the learner files of 2026-11-28 on also record: the headline ratio is then the median of
+    paired repetitions, so the ratio of the medians (the definition before) and the CPU-time ratio are shown
+    beside it; nothing for older files."""
+    if not all("learner_over_floor_of_medians" in r for r in lt):
+        return []
+    medians = [r["learner_over_floor_of_medians"] for r in lt]
+    cpu = [r["learner_over_floor_cpu"] for r in lt]
+    return [
+        f"| learner / floor, ratio of the medians (the definition before 2026-11-28) | {_cell(medians)} | |",
+        f"| learner / floor by process CPU time (paired) | {_cell(cpu)} | |",
+    ]
+
+
 def report(folder: Path) -> str:
     """The markdown table of one idle session's runs."""
     td, lt = _load(folder, "td-*.json"), _load(folder, "lt-*.json")
@@ -51,6 +65,7 @@ def report(folder: Path) -> str:
         f"| default run: last step's rollout / plain `generate` (wall) | {_cell(last)} | ≤ 1.2x |",
         f"| default run: all steps' rollout / plain `generate` (wall) | {_cell(whole)} | |",
         f"| learner update / packed floor (`learner_throughput.py`) | {_cell(learner)} | ≥ 0.9x |",
+        *_learner_detail(lt),
         f"| default run: wall time, minutes | {_cell(wall, 1)} | |",
         f"| default run: first step ends, minutes after the command | {_cell(first, 1)} | |",
         f"| default run: peak resident memory, GiB | {_cell(peak)} | 4 GiB |",
@@ -59,8 +74,14 @@ def report(folder: Path) -> str:
     ]
     meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").exists() else {}
     commit = f" of commit {meta['commit']}" if "commit" in meta else ""
+    # meta.json's "order" says which ran first (the learner files carry no date of their own).
+    default_runs = f"default runs ending {dates[0]} to {dates[-1]} UTC"
+    if meta.get("order") == "learner first":
+        when = f"the learner runs first, then {default_runs}"
+    else:
+        when = f"{default_runs}, then the learner runs"
     head = (
-        f"Idle runs{commit} (default runs ending {dates[0]} to {dates[-1]} UTC, then the learner runs; "
+        f"Idle runs{commit} ({when}; "
         f"seed(s) {', '.join(map(str, seeds))}; "
         f"1-minute load average {min(loads):.1f}-{max(loads):.1f} at the end of each run, 2 being this run "
         f"alone on the 2 cores). Raw files: `{folder.as_posix()}/`."
