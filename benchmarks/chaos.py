@@ -20,10 +20,10 @@ in seeded shuffled rounds of five, so each is injected as often as the others:
 * ``driver``: SIGKILL the driver, and run the resume command (``agentrl train --resume RUN --ray ADDRESS``).
 
 A driver that exits by itself (a crash) is restarted with the resume command too, and counted. After the
-last fault the soak waits for one more step, stops the driver with SIGTERM, then checks the invariants
+last fault the soak waits for two more steps, stops the driver with SIGTERM, then checks the invariants
 (``benchmarks/chaos_check.py``: the ledger replayed record by record, every task of every step trained or
 dropped with a reason, no trajectory duplicated or lost, no orphaned sandbox process or cgroup), and reports
-faults injected and survived (a step trained after the fault, with no crash in between), steps, the longest
+faults injected and survived (two steps trained after the fault, with no crash in between), steps, the longest
 stall between two trained steps, and the summed RSS and load average of the machine.
 
 The cluster's processes are found by its own temp folders (and their descendants), never by name, so other
@@ -336,10 +336,11 @@ class Soak:
         for offset, kind in plan:
             self.wait_until(first + offset)
             self.faults.append(self.inject(kind, rng))
-        # One more step after the last fault (or the tail timeout), then stop the driver cleanly.
+        # Two more steps after the last fault (the first may have been in flight when it hit; see summarize),
+        # or the tail timeout, then stop the driver cleanly.
         end_faults = self.now()
         before = self.steps_done()
-        while self.steps_done() <= before and self.now() < end_faults + args.tail_timeout:
+        while self.steps_done() < before + 2 and self.now() < end_faults + args.tail_timeout:
             self.wait_until(self.now() + 0.5)
         while self.driver_due is not None or self.node_due is not None:
             self.wait_until(self.now() + 0.5)
@@ -372,9 +373,13 @@ def summarize(
             f["survived"] = None
             continue
         by_kind[f["kind"]]["injected"] += 1
+        # Survived: two step rows seen after the fault, with no crash before the second. The first row seen
+        # after it may have been written just before it (rows are polled), so only the second is certainly a
+        # step trained after the fault (a single row read a few ms after a fault at t=232.6 once failed the
+        # 3-minute soak, 2026-11-28).
         after = [t for t in times if t > f["t"]]
-        crashed = any(f["t"] < c <= (after[0] if after else float("inf")) for c in crash_times)
-        f["survived"] = bool(after) and not crashed
+        crashed = any(f["t"] < c <= (after[1] if len(after) > 1 else float("inf")) for c in crash_times)
+        f["survived"] = len(after) > 1 and not crashed
         by_kind[f["kind"]]["survived"] += f["survived"]
     injected = sum(v["injected"] for v in by_kind.values())
     survived = sum(v["survived"] for v in by_kind.values())

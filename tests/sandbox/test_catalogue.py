@@ -504,8 +504,12 @@ async def test_50_model_chosen_limits_are_clamped(make):
 async def test_51_thread_hungry_library_under_the_pids_cap(make):
     code = "import numpy as np; round(float(np.linalg.svd(np.ones((500, 500)))[1][0]), 6)"
 
+    # The claim is "works under the pids cap, 32 at once" (sandbox-safety.md #51), not a speed: in the idle
+    # .ci/run of 2026-11-28 one of the 32 hit a 30 s wall limit beside three Ray groups on 2 cores (the run
+    # took 69 s in all), so the limit leaves room for a loaded machine (a pids failure is an error, not a
+    # hang).
     async def one() -> ExecResult:
-        async with make(Limits(wall_s=30, memory_bytes=512 * MiB, max_processes=16)) as sb:
+        async with make(Limits(wall_s=120, memory_bytes=512 * MiB, max_processes=16)) as sb:
             return await sb.run(code)
 
     results = await asyncio.gather(*(one() for _ in range(32)))
