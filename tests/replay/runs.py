@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-TINY_TWO_STEPS = (
-    "train",
+TINY = (
     "--model",
     "tiny",
     "--group-size",
@@ -33,9 +32,9 @@ TINY_TWO_STEPS = (
     "--eval.tasks",
     "2",
     "--no-progress",
-    "--steps",
-    "2",
 )
+"""The tiny model's run settings that tests/trainers/test_train.py's CLI runs share."""
+TINY_TWO_STEPS = ("train", *TINY, "--steps", "2")
 """``agentrl train`` on the tiny model, 2 steps of 2 groups of 2, a held-out evaluation of 2 tasks: the run
 tests/replay's ``tiny_run`` and tests/trainers/test_train.py's ``two_step_run`` both read."""
 

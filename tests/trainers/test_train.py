@@ -21,22 +21,9 @@ from agentrl.metrics import read_metrics
 from agentrl.trainers.cli import build_parser
 from agentrl.trainers.cli import main as cli_main
 from agentrl.trainers.train_setup import TrainConfig, prepare_run, task_seeds
-from tests.replay.runs import TINY_TWO_STEPS, cli_run, private_copy
+from tests.replay.runs import TINY, TINY_TWO_STEPS, cli_run, private_copy
 
 AGENTRL = [sys.executable, "-m", "agentrl.trainers"]
-TINY = [
-    "--model",
-    "tiny",
-    "--group-size",
-    "2",
-    "--groups-per-step",
-    "2",
-    "--rollout.max-new-tokens",
-    "24",
-    "--eval.tasks",
-    "2",
-    "--no-progress",
-]
 
 
 def run_cli(args, **kw):
