@@ -27,6 +27,22 @@ def pytest_configure(config: pytest.Config) -> None:
         sys.modules["torch"].set_num_threads(1)
 
 
+LATER_TIERS_ENV = "AGENTRL_LATER_TIERS"
+"""A file that the fast tier's run (.ci/run) lists the modules of its deselected tests in: the later tiers
+collect only those modules, not all ~250 (a full collection is ~20 CPU-seconds per worker, and the
+experiment tier's 3 workers collected the whole suite for its 2 tests)."""
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    """With LATER_TIERS_ENV set, append the modules of the tests ``-m``/``-k`` left out (in one process: every
+    xdist worker deselects alike)."""
+    path = os.environ.get(LATER_TIERS_ENV)
+    if not path or os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
+        return
+    with open(path, "a") as f:
+        f.writelines(item.nodeid.split("::", 1)[0] + "\n" for item in items)
+
+
 def _cpus() -> int:
     """The CPUs this process may use."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -175,3 +175,58 @@ def test_the_long_groups_are_handed_out_first_and_stay_together():
         "tests/test_a.py::t1",
         "tests/test_a.py::t2",
     ]
+
+
+SLOW_AND_FAST = """
+import pytest
+
+def test_fast():
+    pass
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", range(2))
+def test_slow(k):
+    pass
+"""
+
+
+def test_the_fast_tier_lists_the_modules_the_later_tiers_collect(tmp_path):
+    """.ci/run: the fast tier's workers write the modules of the tests its ``-m`` left out
+    (AGENTRL_LATER_TIERS); the later tier given those modules runs exactly what it runs over the whole
+    suite."""
+    suite, later = tmp_path / "suite", tmp_path / "later"
+    (suite / "tests" / "sub").mkdir(parents=True)
+    shutil.copy(CONFTEST, suite / "tests" / "conftest.py")
+    ini = "[pytest]\ntestpaths = tests\nasyncio_default_fixture_loop_scope = function\n"
+    ini += "markers =\n    slow: slow\n"
+    (suite / "pytest.ini").write_text(ini)
+    files = {
+        "tests/__init__.py": "",
+        "tests/sub/__init__.py": "",
+        "tests/test_only_fast.py": "def test_a():\n    pass\n",
+        "tests/test_mixed.py": SLOW_AND_FAST,
+        "tests/sub/test_mixed_too.py": SLOW_AND_FAST,
+    }
+    for name, text in files.items():
+        (suite / name).write_text(text)
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_AUTO_NUM_WORKERS"}
+
+    def pytest(*args: str, **extra: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "-rA", *args],
+            cwd=suite,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        return out.stdout
+
+    assert "3 passed" in pytest("-m", "not slow", AGENTRL_LATER_TIERS=str(later))
+    modules = sorted(set(later.read_text().split()))
+    assert modules == ["tests/sub/test_mixed_too.py", "tests/test_mixed.py"]  # not the fast-only module
+    assert len(later.read_text().split()) == 4  # a line per deselected test, from one worker of the two
+    passed = {line for line in pytest("-m", "slow", *modules).splitlines() if line.startswith("PASSED")}
+    assert passed == {line for line in pytest("-m", "slow").splitlines() if line.startswith("PASSED")}
+    assert len(passed) == 4

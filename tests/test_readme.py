@@ -129,9 +129,11 @@ def test_ci_runs_the_fast_tier_first_then_exactly_the_rest():
     fast = re.search(r'-m "([^"]+)"', (root / ".ci" / "fast").read_text()).group(1)
     run = (root / ".ci" / "run").read_text()
     assert f'FAST="{fast}"' in run
-    tiers = re.findall(r"^tier (\w+) (.*?)(?: \|\| failed=1)?$", run, flags=re.M)
+    tiers = re.findall(r"^(?:\w+=\S+ )?tier (\w+) (.*?)(?: \|\| failed=1)?$", run, flags=re.M)
     assert tiers == [
         ("fast", '-x -m "$FAST" "$@"'),
-        ("rest", '-m "not ($FAST) and not experiment" "$@"'),
-        ("experiment", '-m "not ($FAST) and experiment" "$@"'),
+        ("rest", '-m "not ($FAST) and not experiment" "$@" "${later[@]}"'),
+        ("experiment", '-m "not ($FAST) and experiment" "$@" "${later[@]}"'),
     ]
+    # The later tiers collect only the modules the fast tier left tests out of (tests/test_parallel.py).
+    assert 'AGENTRL_LATER_TIERS=$LATER tier fast' in run

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import select
 import signal
@@ -28,11 +29,6 @@ import threading
 from collections.abc import Iterator
 from fractions import Fraction
 from typing import Any
-
-import math_verify.grader
-import math_verify.parser
-import sympy
-from math_verify import parse, verify
 
 from agentrl.errors import ConfigError
 
@@ -49,10 +45,26 @@ DEFAULT_TIMEOUT_S = 5.0
 _WORKER_START_S = 60.0
 """Extra seconds a worker process gets on its first call (it imports sympy) before it is given up on."""
 
-# Our own timer replaces math-verify's signal.alarm (module docstring); with timeouts off it would log
-# a one-time warning that the caller must bound the time itself, which is what this module does.
-math_verify.grader.TIMEOUT_WARNING_SHOWN = True
-math_verify.parser.TIMEOUT_WARNING_SHOWN = True
+
+@functools.cache
+def _lib() -> Any:
+    """The ``math_verify`` package, imported on the first grading, not with this module: it pulls in sympy
+    (~0.8 CPU-seconds), which every process that imports the trainer's config (each Ray actor, each CLI
+    run) would pay whether or not it grades math."""
+    import math_verify.grader
+    import math_verify.parser
+
+    # Our own timer replaces math-verify's signal.alarm (module docstring); with timeouts off it would log
+    # a one-time warning that the caller must bound the time itself, which is what this module does.
+    math_verify.grader.TIMEOUT_WARNING_SHOWN = True
+    math_verify.parser.TIMEOUT_WARNING_SHOWN = True
+    return math_verify
+
+
+def _is_expr(t: object) -> bool:
+    import sympy
+
+    return isinstance(t, sympy.Basic | sympy.MatrixBase)
 
 
 class _TimedOut(BaseException):
@@ -91,12 +103,13 @@ def grade_math(answer: str | None, gold: Gold, *, timeout: float = DEFAULT_TIMEO
 
 def _grade_here(answer: str, gold: Gold, timeout: float) -> tuple[float, str]:
     """Grade in this (the main) thread under our interval timer."""
+    _lib()  # the first import (seconds on a busy machine) is not the answer's time
     try:
         with _time_limit(timeout):
             target = _parse_answer(answer)
-            if not any(isinstance(t, sympy.Basic | sympy.MatrixBase) for t in target):
+            if not any(_is_expr(t) for t in target):
                 return 0.0, f"no parsable answer in {answer[:80]!r}"
-            ok = verify(_gold_exprs(gold), target, timeout_seconds=None, raise_on_error=True)
+            ok = _lib().verify(_gold_exprs(gold), target, timeout_seconds=None, raise_on_error=True)
     except _TimedOut:
         return 0.0, f"timed out after {timeout:g} s"
     except ConfigError:  # the gold itself is unreadable: the task is broken, not the answer
@@ -109,14 +122,17 @@ def _grade_here(answer: str, gold: Gold, timeout: float) -> tuple[float, str]:
 def _parse_answer(answer: str) -> list[Any]:
     r"""math-verify's parse of the answer read as LaTeX (inside ``\boxed{}``: ``\dfrac``, ``2^{10}``,
     ``\text{17}`` and a unicode minus parse there and not bare), else of the plain text (``17273.``)."""
+    parse = _lib().parse
     boxed = parse(f"\\boxed{{{answer}}}", parsing_timeout=None, raise_on_error=True)
-    if any(isinstance(t, sympy.Basic | sympy.MatrixBase) for t in boxed):
+    if any(_is_expr(t) for t in boxed):
         return list(boxed)
     return list(parse(answer, parsing_timeout=None, raise_on_error=True))
 
 
 def _gold_exprs(gold: Gold) -> list[Any]:
     """The reference as math-verify's gold list (numbers exactly, text parsed like an answer)."""
+    import sympy
+
     if isinstance(gold, int):
         return [sympy.Integer(gold)]
     if isinstance(gold, Fraction):
@@ -208,6 +224,7 @@ def _kill_worker() -> None:
 
 def serve() -> None:
     """The worker process's loop: one JSON request per stdin line, one JSON reply per stdout line."""
+    _lib()  # while the first request is on its way
     for line in sys.stdin:
         req = json.loads(line)
         gold = req["gold"]
