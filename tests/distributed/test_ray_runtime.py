@@ -183,72 +183,85 @@ async def test_one_worker_server_learner_equals_the_single_process_trainer(clust
     assert all(c is not None and c.step == 1 for c in ckpts)
 
 
-async def test_a_rollout_worker_killed_mid_step(cluster, tmp_path):
-    cfg, run = new_run(config(tmp_path, rollout_workers=2, groups_per_step=6))
+@pytest.mark.timeout(600)  # three steps, each broken once, on one runtime (the default 300 s is for one)
+async def test_a_worker_killed_a_server_killed_and_a_node_removed_mid_step(cluster, tmp_path):
+    """Every fault of the issue on one runtime start (a start of the actors is most of a Ray test's time),
+    one per step, each asserting what its own test did:
+
+    - step 0, a rollout worker killed mid-step: its leases are released, a replacement starts, the step ends
+      with exactly its groups (no duplicate), re-run groups ran on another worker, none lost;
+    - step 1, an inference server killed mid-step (``--weights-dir``: the weights travel as files in a
+      shared folder, and the restarted server reads the newest): Ray restarts it, it catches up to the
+      current version before it serves, nothing is sampled with stale weights;
+    - step 2, the node of a worker removed mid-step: its groups re-run on another node.
+
+    Two workers and two servers throughout, so each fault has a survivor of its kind."""
+    shared = tmp_path / "weights"
+    cfg, run = new_run(
+        config(tmp_path, rollout_workers=2, inference_servers=2, groups_per_step=6, weights_dir=str(shared))
+    )
     opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=0.3), lease_s=120)
-    async with ray_runtime(cfg, run, opts) as rt:
-        rollout = Rollout(rt, cfg)
-        await wait_until(lambda: leased_by(rt, "worker-0"))
-        ray.kill(rt.workers["worker-0"], no_restart=True)
-        groups, trajs = await rollout.finish()
-        assert rt.ledger.released >= 1 and rt.replaced_workers == 1
-        assert "worker-0" not in rt.workers and "worker-2" in rt.workers
-        assert not any(t.infra_failure for t in trajs)
-        retried = [g for g in groups if not g.group_id.endswith("-a0")]
-        assert retried and all(t.meta.provenance.worker != "worker-0" for g in retried for t in g)
-        metrics = await finish_step(rt, groups, 1)
-        assert metrics["ray/workers_replaced"] == 1 and metrics["ray/groups_dropped"] == 0
+    removed = False
+    try:
+        async with ray_runtime(cfg, run, opts) as rt:
+            assert rt.transport.name == "shared_disk"
+            # --- step 0: a rollout worker killed while it holds a lease.
+            rollout = Rollout(rt, cfg)
+            await wait_until(lambda: leased_by(rt, "worker-0"))
+            ray.kill(rt.workers["worker-0"], no_restart=True)
+            groups, trajs = await rollout.finish()
+            assert rt.ledger.released >= 1 and rt.replaced_workers == 1
+            assert "worker-0" not in rt.workers and "worker-2" in rt.workers
+            assert not any(t.infra_failure for t in trajs)
+            retried = [g for g in groups if not g.group_id.endswith("-a0")]
+            assert retried and all(t.meta.provenance.worker != "worker-0" for g in retried for t in g)
+            metrics = await finish_step(rt, groups, 1)
+            assert metrics["ray/workers_replaced"] == 1 and metrics["ray/groups_dropped"] == 0
+
+            # --- step 1: an inference server killed while it serves. The servers hold version 1 (the step
+            # above); the restarted one starts at 0 and must catch up.
+            rollout = Rollout(rt, cfg, step=1)
+            await wait_until(lambda: len(rollout.events) >= 1)
+            ray.kill(rt.servers[0], no_restart=False)
+            groups, trajs = await rollout.finish()
+            for t in trajs:
+                if t.infra_failure:  # lost with its server after the retries: recorded, never scored
+                    assert t.stop_reason is StopReason.POLICY_ERROR and "died" in t.errors[-1].message
+                else:  # nothing sampled with stale weights
+                    assert set(t.policy_versions) == {1}, t.meta.provenance
+            assert any(
+                t.infra_failure
+                or t.meta.provenance.episode_attempts > 1
+                or t.meta.provenance.server_failovers
+                for t in trajs
+            )
+            states = await asyncio.gather(*(rt._sync(s) for s in rt.servers))
+            assert [s.starts for s in states] == [2, 1]
+            assert all(s.version == 1 and s.checksum == rt.learner_checksum for s in states)
+            await finish_step(rt, groups, 2)
+
+            # --- step 2: the node of a worker removed while the worker holds a lease.
+            released, replaced = rt.ledger.released, rt.replaced_workers
+            victim_worker = sorted(rt.workers)[0]
+            where = await rt.workers[victim_worker].where.remote()
+            (victim,) = [n for n in cluster.worker_nodes if n.node_id.startswith(where)]
+            rollout = Rollout(rt, cfg, step=2)
+            await wait_until(lambda: leased_by(rt, victim_worker))
+            removed = True
+            cluster.remove_node(victim, allow_graceful=False)
+            groups, _ = await rollout.finish()
+            assert rt.ledger.released > released and rt.replaced_workers > replaced
+            nodes = {t.meta.provenance.node for g in groups if not g.group_id.endswith("-a0") for t in g}
+            assert nodes and where not in nodes  # the re-run groups ran elsewhere
+            await finish_step(rt, groups, 3)
+    finally:
+        if removed:
+            add_rollout_node(cluster)  # give the session its capacity back
     with GroupLedger(run.path / "ledger.jsonl") as ledger:
         c = ledger.check(0, settled=True)
     assert c["issued"] == c["trained"] == 6
-
-
-async def test_an_inference_server_killed_restarts_with_the_current_weights(cluster, tmp_path):
-    # --weights-dir: the weights travel as files in a shared folder, the restarted server reads the newest.
-    shared = tmp_path / "weights"
-    cfg, run = new_run(config(tmp_path, inference_servers=2, groups_per_step=4, weights_dir=str(shared)))
-    opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=0.3), lease_s=120)
-    async with ray_runtime(cfg, run, opts) as rt:
-        assert rt.transport.name == "shared_disk"
-        # The servers now hold version 1; a restarted one starts at 0 and must catch up.
-        await rt.publish(1, StepOutcome(0, (), ()))
-        rollout = Rollout(rt, cfg, step=1)
-        await wait_until(lambda: len(rollout.events) >= 1)
-        ray.kill(rt.servers[0], no_restart=False)
-        groups, trajs = await rollout.finish()
-        for t in trajs:
-            if t.infra_failure:  # lost with its server after the retries: recorded, never scored
-                assert t.stop_reason is StopReason.POLICY_ERROR and "died" in t.errors[-1].message
-            else:
-                assert set(t.policy_versions) == {1}, t.meta.provenance  # nothing sampled with stale weights
-        assert any(
-            t.infra_failure or t.meta.provenance.episode_attempts > 1 or t.meta.provenance.server_failovers
-            for t in trajs
-        )
-        states = await asyncio.gather(*(rt._sync(s) for s in rt.servers))
-        assert [s.starts for s in states] == [2, 1]
-        assert all(s.version == 1 and s.checksum == rt.learner_checksum for s in states)
-        await finish_step(rt, groups, 2)
-    assert sorted(p.name for p in shared.glob("*.safetensors"))[-1] == "weights-v000002.safetensors"
-
-
-async def test_the_node_of_a_worker_removed_mid_step(cluster, tmp_path):
-    cfg, run = new_run(config(tmp_path, rollout_workers=2, groups_per_step=6))
-    opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=0.3), lease_s=120)
-    try:
-        async with ray_runtime(cfg, run, opts) as rt:
-            where = await rt.workers["worker-0"].where.remote()
-            (victim,) = [n for n in cluster.worker_nodes if n.node_id.startswith(where)]
-            rollout = Rollout(rt, cfg)
-            await wait_until(lambda: leased_by(rt, "worker-0"))
-            cluster.remove_node(victim, allow_graceful=False)
-            groups, _ = await rollout.finish()
-            assert rt.ledger.released >= 1 and rt.replaced_workers >= 1
-            nodes = {t.meta.provenance.node for g in groups if not g.group_id.endswith("-a0") for t in g}
-            assert nodes and where not in nodes  # the re-run groups ran elsewhere
-            await finish_step(rt, groups, 1)
-    finally:
-        add_rollout_node(cluster)  # give the module its capacity back
+    # The newest weights file in the shared folder is the last version published.
+    assert sorted(p.name for p in shared.glob("*.safetensors"))[-1] == "weights-v000003.safetensors"
 
 
 async def test_a_cluster_without_the_roles_resources_is_refused(cluster, tmp_path):
