@@ -173,7 +173,7 @@ def test_staleness_bound_holds_on_ray_with_random_latencies_and_replay_reproduce
     assert all(t.meta.step - min(t.policy_versions) <= S for t in trajs)
     # Both workers ran episodes, and no other worker did but the replacements of a killed one (S = 1).
     replaced = int(rows[-1]["ray/workers_replaced"])
-    assert replaced == (1 if S == 1 else 0)
+    assert (replaced >= 1) if S == 1 else (replaced == 0)
     workers = {t.meta.provenance.worker for t in trajs}
     assert (
         {"worker-0", "worker-1"}
