@@ -1,25 +1,37 @@
 """Asynchronous training (``--max-staleness S``) on the Ray runtime, on a real small Ray cluster: S = 0 is the
 synchronous Ray trainer; S ≥ 1 keeps the staleness bound under random server latencies and replay reproduces
 its steps; ``--on-stale drop`` abandons stragglers in the ledger; a rollout worker killed mid-run is replaced
-without breaking the bound.
+without breaking the bound; ``--curriculum difficulty`` draws each step's tasks from the driver's sampler.
 
 The sampler is the scripted math-tir policy on the inference servers (plan chosen by the sampling seed,
-latencies drawn from it), the envs and sandboxes are real, the learner is the tiny model."""
+latencies drawn from it), the envs and sandboxes are real, the learner is the tiny model.
+
+A runtime start is most of a Ray test's cost (a worker process and the torch imports of each actor), so the
+S = 1 claims share one run (the ``s1_run`` fixture): the staleness bound and replay of
+test_staleness_bound_holds_on_ray_with_random_latencies_and_replay_reproduces[1], the worker replacement of
+test_a_rollout_worker_killed_during_async_training and the curriculum of
+test_curriculum_on_ray_with_staleness_1_draws_from_its_saved_state are each checked on it, in full."""
 
 import asyncio
 import contextlib
 import dataclasses
+import json
 from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from agentrl import read_trajectories
+from agentrl.groups import group_trajectories
 from agentrl.metrics import read_metrics
 from agentrl.models import resolve_tokenizer
 from agentrl.replay import load as load_run
+from agentrl.run import RunDir
 from agentrl.trainers import train as pg
 from agentrl.trainers.ray import GroupLedger, GroupState, RayOptions, ray_runtime
 from agentrl.trainers.replay.reproduce import reproduce_step
+from agentrl.trainers.task_sampler import TaskSampler, sampler_state_path
 
 from .scripted import ScriptedTIRFactory
 from .test_ray_runtime import config
@@ -88,18 +100,86 @@ def test_s0_on_ray_runs_in_lock_step_and_trains_every_group_once(cluster, tmp_pa
     assert c["trained"] == 12 and c["dropped"] == 0
 
 
-@pytest.mark.parametrize("S", [1, 2])
-def test_staleness_bound_holds_on_ray_with_random_latencies_and_replay_reproduces(cluster, tmp_path, S):
+@dataclass(frozen=True)
+class S1Run:
+    """The shared S = 1 run (``s1_run``)."""
+
+    cfg: pg.TrainConfig
+    run: Path
+    killed: bool
+    """Whether the saboteur killed worker-0."""
+
+
+@pytest.fixture(scope="module")
+def s1_run(cluster, tmp_path_factory):
+    """One S = 1 run of 4 steps on two rollout workers under random server latencies, with
+    ``--curriculum difficulty``, and worker-0 killed once it has delivered a group and holds one of step 1 or
+    later (the overlap under way): the run of the staleness test's S = 1 case, the killed-worker test and the
+    curriculum test (module docstring)."""
     opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=0.02, jitter_s=(0.0, 0.05, 0.3)))
-    cfg = async_config(tmp_path, f"s{S}", max_staleness=S, steps=4, rollout_workers=2)
-    run = train(cfg, opts)
+    cfg = async_config(
+        tmp_path_factory.mktemp("async-s1"),
+        "s1",
+        max_staleness=1,
+        steps=4,
+        rollout_workers=2,
+        curriculum="difficulty",
+    )
+    killed = []
+
+    async def saboteur(rt):
+        # worker-0 must have delivered a group before it dies: the staleness test checks that both workers
+        # ran episodes.
+        held: dict[tuple[int, int], str] = {}  # group key -> attempt id, of leases seen on worker-0
+        while True:
+            entries = rt.ledger.entries
+            for e in entries.values():
+                if e.state is GroupState.LEASED and e.worker == "worker-0":
+                    held[e.key] = e.group_id
+            delivered = any(
+                entries[k].group_id == gid and entries[k].state in (GroupState.DONE, GroupState.TRAINED)
+                for k, gid in held.items()
+            )
+            if delivered and any(
+                e.state is GroupState.LEASED and e.worker == "worker-0" and e.step >= 1
+                for e in entries.values()
+            ):
+                break
+            await asyncio.sleep(0.05)
+        ray.kill(rt.workers["worker-0"], no_restart=True)
+        killed.append(True)
+
+    run = train(cfg, opts, on_start=saboteur)
+    return S1Run(cfg, run, bool(killed))
+
+
+@pytest.mark.parametrize("S", [1, 2])
+def test_staleness_bound_holds_on_ray_with_random_latencies_and_replay_reproduces(
+    cluster, tmp_path, request, S
+):
+    """S = 1 checks the shared run (``s1_run``: a worker is replaced and a curriculum draws the tasks as
+    well), S = 2 a run of its own with neither."""
+    if S == 1:
+        run = request.getfixturevalue("s1_run").run
+    else:
+        opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=0.02, jitter_s=(0.0, 0.05, 0.3)))
+        cfg = async_config(tmp_path, f"s{S}", max_staleness=S, steps=4, rollout_workers=2)
+        run = train(cfg, opts)
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert all(r["staleness/max"] <= S and r["async/max_staleness_seen"] <= S for r in rows)
     assert max(r["staleness/max"] for r in rows) >= 1  # the next steps' groups did sample during learning
     trajs = list(read_trajectories(run))
     assert all(t.meta.step - min(t.policy_versions) <= S for t in trajs)
-    assert {t.meta.provenance.worker for t in trajs} == {"worker-0", "worker-1"}
+    # Both workers ran episodes, and no other worker did but the replacements of a killed one (S = 1).
+    replaced = int(rows[-1]["ray/workers_replaced"])
+    assert (replaced >= 1) if S == 1 else (replaced == 0)
+    workers = {t.meta.provenance.worker for t in trajs}
+    assert (
+        {"worker-0", "worker-1"}
+        <= workers
+        <= {"worker-0", "worker-1", *(f"worker-{2 + i}" for i in range(replaced))}
+    )
     c = ledger_of(run).check(settled=True)
     assert c["trained"] == 16 and c["dropped"] == 0
     stale = [r for r in rows if r["staleness/stale_token_frac"] > 0]
@@ -134,23 +214,10 @@ def test_drop_mode_on_ray_abandons_stragglers_in_the_ledger(cluster, tmp_path):
     assert all(r["episodes/total"] % cfg.group_size == 0 and r["episodes/total"] >= 2 for r in rows)
 
 
-def test_a_rollout_worker_killed_during_async_training(cluster, tmp_path):
-    opts = RayOptions(policy_factory=ScriptedTIRFactory(generate_s=0.15))
-    cfg = async_config(tmp_path, "kill", max_staleness=1, steps=4, rollout_workers=2)
-    killed = []
-
-    async def saboteur(rt):
-        # Once worker-0 holds a group of step 1 or later (the overlap is under way), kill it.
-        while not any(
-            e.state is GroupState.LEASED and e.worker == "worker-0" and e.step >= 1
-            for e in rt.ledger.entries.values()
-        ):
-            await asyncio.sleep(0.05)
-        ray.kill(rt.workers["worker-0"], no_restart=True)
-        killed.append(True)
-
-    run = train(cfg, opts, on_start=saboteur)
-    assert killed
+def test_a_rollout_worker_killed_during_async_training(s1_run):
+    """On the shared S = 1 run (``s1_run``): worker-0 killed during the overlap of steps is replaced."""
+    cfg, run = s1_run.cfg, s1_run.run
+    assert s1_run.killed
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert rows[-1]["ray/workers_replaced"] >= 1 and rows[-1]["ray/leases_released"] >= 1
@@ -163,6 +230,45 @@ def test_a_rollout_worker_killed_during_async_training(cluster, tmp_path):
     trained = {e.group_id for e in ledger_of(run).entries.values() if e.state is GroupState.TRAINED}
     assert len(trained) == 16
     assert all(sum(i.startswith(g + "-") for i in ids) == cfg.group_size for g in trained)
+
+
+def test_curriculum_on_ray_with_staleness_1_draws_from_its_saved_state(s1_run):
+    """On the shared S = 1 run (``s1_run``): ``--curriculum difficulty`` with ``--max-staleness 1`` on Ray.
+    The one loop draws every step's tasks from the trainer's sampler on the driver, the sampler observes each
+    trained group's mean return, its state is saved beside every checkpoint, and a step's draws are what a
+    sampler restored from that state draws. The ledger stays settled (issued = trained + dropped)."""
+    cfg, run = s1_run.cfg, s1_run.run
+    assert [r["step"] for r in read_metrics(run)] == [0, 1, 2, 3]
+    c = ledger_of(run).check(settled=True)
+    assert c["issued"] == c["trained"] == 16
+
+    groups = list(group_trajectories(read_trajectories(run)))
+    seeds: dict[int, list[int]] = defaultdict(list)
+    mean_return: dict[tuple[int, int], float] = {}
+    for g in groups:
+        step, seed = g[0].meta.step, g[0].meta.seed
+        seeds[step].append(seed)
+        mean_return[(step, seed)] = sum(sum(t.rewards) for t in g) / len(g)
+    # Lag 1: steps 0 and 1 see no observation yet, so both draw their fresh tasks.
+    fresh = TaskSampler(cfg.seed, 4, 4, "difficulty", lag=1)
+    assert {k: sorted(v) for k, v in seeds.items() if k < 2} == {
+        k: sorted(fresh.tasks(k, range(4))) for k in (0, 1)
+    }
+
+    # The state saved after 2 steps holds exactly what the trained groups of steps 0 and 1 returned.
+    state = json.loads(sampler_state_path(RunDir(run), 2).read_text())
+    assert state["curriculum"] == "difficulty"
+    assert state["history"] == {
+        str(seed): [[k, pytest.approx(mean_return[(k, seed)])]] for k in (0, 1) for seed in seeds[k]
+    }
+    # Step 2 sees step 0's observations (lag 1): what a sampler restored from that state draws.
+    ref = TaskSampler(cfg.seed, 4, 4, "difficulty", lag=1)
+    ref.load_state(state)
+    assert sorted(seeds[2]) == sorted(ref.tasks(2, range(4)))
+    # Not vacuous: step 2 draws tasks of step 0 again (known ones, from the restored pools), none of step 1's
+    # (lag 1), and the observed returns differ between tasks (so the pools are not all one difficulty).
+    assert set(seeds[2]) & set(seeds[0]) and not set(seeds[2]) & set(seeds[1])
+    assert len({mean_return[(0, s)] for s in seeds[0]}) > 1
 
 
 def test_async_ray_cli_config_is_accepted(tmp_path):
