@@ -95,9 +95,11 @@ def renderer(tok):
 #   a group of their own, and the rest of the folder is one group. A group that uses the `cluster` fixture
 #   starts its worker's session cluster (each such worker has one; a worker that gets a second Ray group
 #   reuses it): as one group on one worker the Ray tests were the second tier's critical path while the
-#   other workers ran out of work. The split follows the modules' measured cost (2026-11-28, one process:
-#   test_ray_runtime ~245 s, test_async_ray ~185 s, test_killed_drivers ~130 s, the rest of the folder
-#   ~285 s; docs/testing.md). A cluster costs ~8 CPU-seconds to start and ~0.08 of a core idle.
+#   other workers ran out of work. The split follows the modules' measured cost (2026-11-28, each module
+#   in one process, contended, CPU-seconds of the whole process tree: test_ray_runtime ~217,
+#   test_async_ray ~180, test_killed_drivers ~172, the rest of the folder ~230; docs/testing.md). A
+#   cluster costs ~8 CPU-seconds to start and ~0.07 of a core idle (stopped when the worker leaves the
+#   folder: tests/distributed/conftest.py).
 #   `RAY_GROUPS = ()`: one group again;
 # - tests/sandbox: their leak check (tests/sandbox/conftest.py) compares the host's mount table and /tmp
 #   before and after each test, and another worker's Docker containers would change both;
