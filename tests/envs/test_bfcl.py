@@ -331,13 +331,29 @@ async def test_a_scripted_ground_truth_episode_runs_through_the_rollout_and_reex
 
 
 @pytest.mark.slow  # a tiny-model train step, a replay and an evaluation on 4,000-token prompts: minutes
-def test_train_replay_and_eval_from_the_command_line(tmp_path: Path) -> None:
-    agentrl_cli = [sys.executable, "-m", "agentrl.trainers"]
+def test_train_replay_and_eval_from_the_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The training step runs ``python -m agentrl.trainers`` in a fresh interpreter (the env found by its id
+    with nothing imported beforehand); the replay and the evaluations call the same CLI's ``main`` in this
+    process, on that run's folder, which spares each a fresh interpreter's imports of torch and
+    transformers (most of such a command's CPU time when the env is not the one being found)."""
+    from agentrl.trainers.cli import main as cli_main
+
+    monkeypatch.chdir(tmp_path)
 
     def run(*args: str) -> str:
-        out = subprocess.run([*agentrl_cli, *args], cwd=tmp_path, capture_output=True, text=True, timeout=900)
-        assert out.returncode == 0, out.stderr[-3000:]
-        return out.stdout
+        if args[0] == "train":
+            out = subprocess.run(
+                [sys.executable, "-m", "agentrl.trainers", *args], capture_output=True, text=True, timeout=900
+            )
+            assert out.returncode == 0, out.stderr[-3000:]
+            return out.stdout
+        capsys.readouterr()
+        code = cli_main(list(args))
+        captured = capsys.readouterr()
+        assert code == 0, captured.out[-3000:] + captured.err[-3000:]
+        return captured.out
 
     kwargs = '{"category": "long_context"}'
     run(

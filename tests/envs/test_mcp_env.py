@@ -92,11 +92,15 @@ async def test_a_server_crash_ends_the_episode_as_an_infrastructure_failure():
         await env.close()
 
 
-def test_trains_a_step_and_replays_the_mcp_calls_from_the_cli(tmp_path, tok):
+def test_trains_a_step_and_replays_the_mcp_calls_from_the_cli(tmp_path, tok, capsys):
+    """The training step runs ``python -m agentrl.trainers`` in a fresh interpreter (the env found by its
+    path with nothing imported beforehand); the replay calls the same CLI's ``main`` in this process (its
+    re-execution still starts a fresh server process for the recorded call)."""
     from agentrl.chat import ChatRenderer
     from agentrl.episode import RolloutConfig, run_episode
     from agentrl.store import JsonlStore
     from agentrl.testing import ScriptedPolicy
+    from agentrl.trainers.cli import main as cli_main
 
     argv = ["train", "--env", ENV, "--model", "tiny", "--steps", "1", "--group-size", "2"]
     argv += ["--groups-per-step", "2", "--eval.tasks", "0", "--no-progress", "--out", str(tmp_path / "run")]
@@ -126,17 +130,12 @@ def test_trains_a_step_and_replays_the_mcp_calls_from_the_cli(tmp_path, tok):
     traj = asyncio.run(scripted())
     assert traj.reward == 1.0 and [c.status for c in traj.tool_calls] == [ToolStatus.OK]
     assert " = " in traj.tool_calls[0].output
-    out = subprocess.run(
-        [*AGENTRL, "replay", str(tmp_path / "scripted.jsonl"), "--reexec", "--rescore"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "1 tool call(s), all identical" in out.stdout and "1 of 1 rewards reproduced" in out.stdout, (
-        out.stdout
-    )
+    capsys.readouterr()
+    code = cli_main(["replay", str(tmp_path / "scripted.jsonl"), "--reexec", "--rescore"])
+    captured = capsys.readouterr()
+    stdout = captured.out
+    assert code == 0, stdout[-3000:] + captured.err[-3000:]
+    assert "1 tool call(s), all identical" in stdout and "1 of 1 rewards reproduced" in stdout, stdout
 
 
 async def test_a_slow_server_start_is_not_the_models_timeout():

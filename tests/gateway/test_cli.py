@@ -23,6 +23,16 @@ ROOT = Path(__file__).resolve().parents[2]
 AGENTRL = [sys.executable, "-m", "agentrl.trainers"]
 
 
+def replay_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``agentrl replay ARGS`` through the CLI's ``main`` in this process: (exit code, stdout). The run it
+    reads was written by another process; a fresh interpreter's imports would add nothing to its checks."""
+    from agentrl.trainers.cli import main
+
+    capsys.readouterr()
+    code = main(["replay", *args])
+    return code, capsys.readouterr().out
+
+
 def wait_for_url(proc: subprocess.Popen, timeout: float = 120) -> str:
     assert proc.stdout is not None
     end = time.monotonic() + timeout
@@ -40,7 +50,7 @@ def wait_for_url(proc: subprocess.Popen, timeout: float = 120) -> str:
 
 
 @pytest.mark.slow
-def test_gateway_command_records_sessions_and_stops_cleanly(tmp_path):
+def test_gateway_command_records_sessions_and_stops_cleanly(tmp_path, capsys):
     out = tmp_path / "gw"
     proc = subprocess.Popen(
         [*AGENTRL, "gateway", "--model", "tiny", "--out", str(out), "--port", "0", "--max-new-tokens", "8"],
@@ -70,13 +80,8 @@ def test_gateway_command_records_sessions_and_stops_cleanly(tmp_path):
     done, cancelled = read_trajectories(out / "trajectories.jsonl", issues=issues)
     assert not issues and (done.reward, done.meta.task_id, done.infra_failure) == (0.25, "greet", False)
     assert cancelled.infra_failure and cancelled.stop_reason.value == "cancelled"
-    check = subprocess.run(
-        [*AGENTRL, "replay", str(out), "--check"], capture_output=True, text=True, timeout=300
-    )
-    assert (
-        check.returncode == 0
-        and "2 of 2 trajectories consistent (2 with the full token audit)" in check.stdout
-    )
+    code, check = replay_in_process(capsys, str(out), "--check")
+    assert code == 0 and "2 of 2 trajectories consistent (2 with the full token audit)" in check, check
 
 
 def test_the_readme_agent_is_the_example_that_trains():
@@ -87,7 +92,7 @@ def test_the_readme_agent_is_the_example_that_trains():
 
 
 @pytest.mark.slow
-def test_train_agent_for_one_step_and_replay(tmp_path):
+def test_train_agent_for_one_step_and_replay(tmp_path, capsys):
     agent = ROOT / "examples" / "gateway_agent.py"
     assert "agentrl" not in re.sub(r'""".*?"""', "", agent.read_text(), flags=re.S)  # openai client only
     run = tmp_path / "run"
@@ -121,19 +126,13 @@ def test_train_agent_for_one_step_and_replay(tmp_path):
     assert all(t.meta.task_id.startswith("calculator-v0:") and t.meta.step == 0 for t in trajs)
     assert all(t.meta.extra["source"] == "gateway" and not t.infra_failure for t in trajs)
     assert (run / "checkpoints").is_dir()
-    check = subprocess.run(
-        [*AGENTRL, "replay", str(run), "--check"], capture_output=True, text=True, timeout=300
-    )
-    assert check.returncode == 0 and "4 of 4 trajectories consistent" in check.stdout, (
-        check.stdout + check.stderr
-    )
+    code, check = replay_in_process(capsys, str(run), "--check")
+    assert code == 0 and "4 of 4 trajectories consistent" in check, check
     # The agent ran its own tools and reward: nothing of the env to re-execute, and replay says so (exit 3),
     # rather than reporting every episode DIFFERENT (issue 47, point 4).
-    rex = subprocess.run(
-        [*AGENTRL, "replay", str(run), "--reexec"], capture_output=True, text=True, timeout=300
-    )
-    assert rex.returncode == 3 and "4 not re-executable" in rex.stdout, rex.stdout + rex.stderr
-    assert "DIFFERENT" not in rex.stdout
+    code, rex = replay_in_process(capsys, str(run), "--reexec")
+    assert code == 3 and "4 not re-executable" in rex, rex
+    assert "DIFFERENT" not in rex
 
 
 def test_gateway_command_refuses_bad_settings(capsys, tmp_path):

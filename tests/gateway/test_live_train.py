@@ -37,7 +37,7 @@ from agentrl.trainers.train_setup import TrainConfig
 from agentrl.types import TrajectoryMeta
 
 from .helpers import START, scripted
-from .test_cli import AGENTRL, wait_for_url
+from .test_cli import AGENTRL, replay_in_process, wait_for_url
 
 
 async def test_live_groups_form_by_task_and_hand_unrewarded_sessions_on_alone(renderer, tmp_path):
@@ -186,7 +186,7 @@ async def test_outside_sessions_with_delayed_rewards_train(tmp_path: Path, rende
 
 
 @pytest.mark.slow
-def test_the_gateway_command_trains_on_outside_sessions(tmp_path):
+def test_the_gateway_command_trains_on_outside_sessions(tmp_path, capsys):
     """``agentrl gateway --train true``: two outside sessions of one task (one rewarded after it ended) are
     one step's group; the run ends after --steps and ``agentrl replay --check`` audits what it trained on."""
     out = tmp_path / "live"
@@ -236,7 +236,5 @@ def test_the_gateway_command_trains_on_outside_sessions(tmp_path):
     (row,) = [json.loads(line) for line in (out / LEDGER_FILE).read_text().splitlines()]
     assert (row["step"], sorted(row["sessions"]), row["trained"]) == (0, ["first", "second"], True)
     assert [r["step"] for r in read_metrics(out)] == [0]
-    check = subprocess.run(
-        [*AGENTRL, "replay", str(out), "--check"], capture_output=True, text=True, timeout=300
-    )
-    assert check.returncode == 0 and "2 of 2 trajectories consistent" in check.stdout, check.stdout
+    code, check = replay_in_process(capsys, str(out), "--check")  # the run was written by the gateway process
+    assert code == 0 and "2 of 2 trajectories consistent" in check, check

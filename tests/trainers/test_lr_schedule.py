@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from agentrl import replay
 from agentrl.metrics import read_metrics
 from agentrl.trainers import replay as rerun
+from agentrl.trainers.cli import main as cli_main
 
 pytestmark = pytest.mark.slow  # the module's two training runs take ~24 s on 2 cores
 
@@ -60,10 +61,13 @@ def weights(run: Path, step: int) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The uninterrupted run and the cut one train through the CLI's ``main`` in this process; the resume
+    runs ``python -m agentrl.trainers`` in a fresh process, so the schedule's state it continues from can
+    only come from the checkpoint (a fresh interpreter's imports are most of a tiny run's CPU time)."""
     root = tmp_path_factory.mktemp("sched")
     whole, cut = root / "whole", root / "cut"
-    train([*SCHEDULE, "--steps", "2", "--out", str(whole)])
-    train([*SCHEDULE, "--steps", "1", "--out", str(cut)])
+    assert cli_main(["train", *SCHEDULE, "--steps", "2", "--out", str(whole)]) == 0
+    assert cli_main(["train", *SCHEDULE, "--steps", "1", "--out", str(cut)]) == 0
     out = train(["--resume", str(cut), "--steps", "2", "--no-progress"])
     assert "resumed" in out.stdout
     return whole, cut

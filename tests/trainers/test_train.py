@@ -94,16 +94,18 @@ def test_the_run_ends_with_a_held_out_evaluation_of_untrained_and_trained(two_st
 
 
 @pytest.mark.slow  # ~17 s on 2 cores
-def test_resume_continues_at_step_3_with_the_same_data(two_step_run, tmp_path):
+def test_resume_continues_at_step_3_with_the_same_data(two_step_run, tmp_path, capsys):
+    """The resume and the fresh run call the CLI's ``main`` in this process: the run being resumed was
+    trained by ``python -m agentrl.trainers`` in another process (the fixture), so what the resume restores
+    can only come from the run folder; a fresh interpreter's imports would add nothing to the claim."""
     run, _ = two_step_run
-    out = run_cli(["train", "--resume", str(run), "--steps", "3", "--no-progress"])
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "resumed" in out.stdout and "step 2:" in out.stdout and "step 0:" not in out.stdout
+    assert cli_main(["train", "--resume", str(run), "--steps", "3", "--no-progress"]) == 0
+    stdout = capsys.readouterr().out
+    assert "resumed" in stdout and "step 2:" in stdout and "step 0:" not in stdout
     assert steps_of(run) == [0, 1, 2]
     # The data order is a function of (seed, step): a fresh 3-step run sees the same tasks at step 2.
     fresh = tmp_path / "fresh"
-    out = run_cli(["train", *TINY, "--eval.tasks", "0", "--steps", "3", "--out", str(fresh)])
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert cli_main(["train", *TINY, "--eval.tasks", "0", "--steps", "3", "--out", str(fresh)]) == 0
 
     def tasks(r, step):
         return sorted({t.meta.task_id for t in read_trajectories(r) if t.meta.step == step})
@@ -191,8 +193,9 @@ def test_kill_9_mid_step_then_resume_loses_nothing(tmp_path):
     assert any('"step":1' in line for line in before)
     assert steps_of(run) == [0]
 
-    out = run_cli(["train", "--resume", str(run), "--no-progress"])
-    assert out.returncode == 0, out.stderr[-3000:]
+    # The resume in this process: the killed process is the one that had to be a fresh interpreter; what the
+    # resume finds can only come from the run folder it left.
+    assert cli_main(["train", "--resume", str(run), "--no-progress"]) == 0
     after = _lines(traj_file)
     assert after[: len(before)] == before  # nothing completed before the kill was lost or rewritten
     assert steps_of(run) == [0, 1, 2]  # no step twice
@@ -341,6 +344,8 @@ def test_embedded_default_smoke_one_step(tmp_path):
             "48",
             "--eval.tasks",
             "1",
+            "--eval.samples",
+            "1",  # the held-out evaluation runs (untrained and trained): one episode each is enough for that
             "--no-progress",
             "--out",
             str(run),
@@ -348,7 +353,8 @@ def test_embedded_default_smoke_one_step(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "smollm2 on math-tir-arith-v0, otb" in out.stdout
-    assert json.loads((run / "eval.json").read_text())["trained"]["tasks"] == 1
+    trained = json.loads((run / "eval.json").read_text())["trained"]
+    assert trained["tasks"] == 1 and trained["samples_per_task"] == 1
     (row,) = read_metrics(run)
     assert math.isfinite(row["learn/grad_norm"]) and math.isfinite(row["learn/loss"])
     trajs = list(read_trajectories(run))
