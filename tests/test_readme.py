@@ -136,4 +136,4 @@ def test_ci_runs_the_fast_tier_first_then_exactly_the_rest():
         ("experiment", '-m "not ($FAST) and experiment" "$@" "${later[@]}"'),
     ]
     # The later tiers collect only the modules the fast tier left tests out of (tests/test_parallel.py).
-    assert 'AGENTRL_LATER_TIERS=$LATER tier fast' in run
+    assert "AGENTRL_LATER_TIERS=$LATER tier fast" in run
