@@ -34,13 +34,14 @@ experiment tier's 3 workers collected the whole suite for its 2 tests)."""
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:
-    """With LATER_TIERS_ENV set, append the modules of the tests ``-m``/``-k`` left out (in one process: every
-    xdist worker deselects alike)."""
+    """With LATER_TIERS_ENV set, append the absolute paths of the modules of the tests ``-m``/``-k`` left out
+    (in one process: every xdist worker deselects alike). Absolute, because a test that runs a pytest of its
+    own on a generated suite inherits the variable: .ci/run keeps only the paths inside the repository."""
     path = os.environ.get(LATER_TIERS_ENV)
     if not path or os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
         return
     with open(path, "a") as f:
-        f.writelines(item.nodeid.split("::", 1)[0] + "\n" for item in items)
+        f.writelines(f"{item.path}\n" for item in items)
 
 
 def _cpus() -> int:

@@ -3,6 +3,7 @@ shared by the folder's tests that run in a row, stopped when the process leaves 
 when it comes back. Checked on a small generated suite under the real conftest, in a child pytest."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -49,7 +50,7 @@ def test_the_cluster_stops_when_the_process_leaves_the_folder_and_starts_when_it
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *order],
         cwd=tmp_path,
-        env={**__import__("os").environ, "RECORDS": str(records)},
+        env={**os.environ, "RECORDS": str(records)},
         capture_output=True,
         text=True,
         timeout=240,
