@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import platform
 import random
@@ -278,7 +279,11 @@ class Soak:
             if target or self.now() > give_up:
                 break
             self.wait_until(self.now() + 0.5)
-        rec = {"t": round(self.now(), 1), "kind": kind, "target": target, "steps_before": self.steps_done()}
+        # Floored, not rounded: a fault's time rounded up past a step row seen a few ms after the fault let
+        # the tail (which counts rows after the fault by number) and summarize (by time) disagree, and the
+        # soak failed with "1 of 9 faults not survived" (2026-11-28 12:29 UTC, .ci/run's experiment tier).
+        t = math.floor(self.now() * 10) / 10
+        rec = {"t": t, "kind": kind, "target": target, "steps_before": self.steps_done()}
         print(f"[{rec['t']:7.1f}s] fault {kind}: {target or 'no target (skipped)'}", flush=True)
         return rec
 
