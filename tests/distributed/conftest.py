@@ -11,6 +11,7 @@ whole length. A later Ray group on the same worker starts it again (7-8 CPU-seco
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ import pytest
 HEAD = {"learner": 2, "inference": 2}
 ROLLOUT_NODE = {"rollout": 2, "sandbox": 2}
 MB = 2**20
-FOLDER = "tests/distributed/"
+HERE = Path(__file__).resolve().parent
 
 
 def add_rollout_node(cluster):
@@ -33,10 +34,6 @@ class SessionCluster:
 
     def __init__(self) -> None:
         self._cluster: Any = None
-
-    @property
-    def running(self) -> bool:
-        return self._cluster is not None
 
     def start(self) -> None:
         if self._cluster is not None:
@@ -118,7 +115,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     try:
         return (yield)
     finally:
-        if nextitem is None or not nextitem.nodeid.startswith(FOLDER):
+        if nextitem is None or HERE not in nextitem.path.resolve().parents:
             SESSION.stop()
 
 
