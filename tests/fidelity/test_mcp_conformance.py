@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,17 +41,40 @@ def conformance(scenario: str, tmp_path: Path) -> tuple[int, str]:
     return out.returncode, out.stdout + out.stderr
 
 
+# The suite's retry-timing check takes the first GET after it closes the tools/call stream for the
+# reconnection. The MCP SDK opens its standalone GET stream from a background task after `initialized`;
+# on a busy machine that GET can arrive after the tools/call POST, and the check then reads it as a
+# reconnection that came before the close ("-52ms instead of 500ms", seen under a full .ci/run). A GET
+# that precedes the close cannot be a reconnection to it, so only that failure runs the scenario again.
+_EARLY_STANDALONE_GET = re.compile(r"reconnected too early \(-\d+ms instead of")
+
+
+def _only_an_early_standalone_get(log: str) -> bool:
+    failed = re.findall(r"^\s*- (\w+):", log.split("Failed Checks:", 1)[-1].split("Warning Checks:")[0], re.M)
+    return failed == ["ClientRespectsRetryField"] and _EARLY_STANDALONE_GET.search(log) is not None
+
+
 @pytest.mark.parametrize("scenario", ["initialize", "tools_call", "sse-retry"])
 def test_client_scenarios_pass(scenario, tmp_path):
     rc, log = conformance(scenario, tmp_path)
+    for attempt in (2, 3):
+        if rc == 0 or not _only_an_early_standalone_get(log):
+            break
+        (tmp_path / str(attempt)).mkdir()
+        rc, log = conformance(scenario, tmp_path / str(attempt))
     assert rc == 0 and "OVERALL: PASSED" in log, log[-3000:]
 
 
-def test_elicitation_is_declined_as_documented(tmp_path):
-    # A training env has nobody to answer a server's question: agentrl's client does not offer
-    # elicitation, the server gets the SDK's "not supported" error and the tool reports it to the model.
-    rc, log = conformance("elicitation-sep1034-client-defaults", tmp_path)
-    assert rc != 0 and "Elicitation not supported" in log, log[-3000:]
+def test_only_a_get_before_the_close_runs_the_retry_scenario_again():
+    early = (
+        "Failed Checks:\n  - ClientRespectsRetryField: Client MUST respect the retry field\n"
+        "    Error: Client reconnected too early (-52ms instead of 500ms).\nWarning Checks:\n"
+    )
+    late = early.replace("(-52ms", "(120ms")
+    both = early.replace("Warning Checks:", "  - ClientGracefulReconnect: no GET\nWarning Checks:")
+    assert _only_an_early_standalone_get(early)
+    assert not _only_an_early_standalone_get(late)  # a reconnection that came too early fails at once
+    assert not _only_an_early_standalone_get(both)
 
 
 def hermes(name: str, **arguments) -> Action:
