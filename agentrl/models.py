@@ -56,6 +56,7 @@ __all__ = [
     "smollm2_gguf",
     "smollm2_tokenizer",
     "tiny_model",
+    "use_tokenizer",
 ]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -389,10 +390,51 @@ def _tokenizer_at(path: str) -> PreTrainedTokenizerBase:
     return load_tokenizer(path)
 
 
+_HANDED: dict[str, PreTrainedTokenizerBase] = {}
+"""Tokenizers handed to this process by name (:func:`use_tokenizer`); :func:`resolve_tokenizer` looks here
+first."""
+
+
+def use_tokenizer(name: str | os.PathLike[str], tokenizer: PreTrainedTokenizerBase) -> None:
+    """Make ``tokenizer`` this process's tokenizer for the model name ``name``: from now on
+    ``resolve_tokenizer(name)`` returns this very object instead of loading one.
+
+    The Ray runtime's driver resolves the run's tokenizer once and hands it to every rollout worker and
+    inference server it starts, which register it here under ``cfg.model``. Unpickling a tokenizer takes
+    a fraction of a second and imports none of transformers' model machinery (``AutoTokenizer`` imports
+    its configuration classes, and with them torch: seconds of CPU per process), and the worker's
+    renderer, its env factory and a policy factory that calls ``resolve_tokenizer(cfg.model)`` all share
+    the object the driver renders with.
+
+    Only the exact name is matched (``"tiny"`` does not stand for ``"smollm2"``, nor a folder for the name
+    it was resolved from); :func:`resolve_model` still loads its own tokenizer with the weights.
+
+    Args:
+        name: The model name as given to :func:`resolve_tokenizer` (a run's ``cfg.model``).
+        tokenizer: The tokenizer, typically the driver's, unpickled in this process.
+
+    Raises:
+        ConfigError: ``tokenizer`` is not a tokenizer (it has no ``encode`` or ``apply_chat_template``).
+    """
+    if not (
+        callable(getattr(tokenizer, "encode", None))
+        and callable(getattr(tokenizer, "apply_chat_template", None))
+    ):
+        raise ConfigError(
+            f"use_tokenizer({os.fspath(name)!r}, ...): expected a Hugging Face tokenizer (with encode and "
+            f"apply_chat_template), got {type(tokenizer).__name__}"
+        )
+    _HANDED[os.fspath(name)] = tokenizer
+
+
 def resolve_tokenizer(name: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
     """The tokenizer of a model name (as :func:`model_folder`; ``tiny`` uses SmolLM2's), or of a folder
-    that holds only a tokenizer. Loaded once per folder and process."""
+    that holds only a tokenizer. Loaded once per folder and process; a tokenizer handed to this process
+    for ``name`` (:func:`use_tokenizer`) is returned as is, without loading."""
     s = os.fspath(name)
+    handed = _HANDED.get(s)
+    if handed is not None:
+        return handed
     if s in ("tiny", "smollm2"):
         return smollm2_tokenizer()
     p = Path(s)

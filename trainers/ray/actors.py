@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.chat import ChatRenderer
 from agentrl.errors import ConfigError, PolicyError
+from agentrl.models import resolve_tokenizer, use_tokenizer
 from agentrl.protocols import Generation, Sampling, UpdatablePolicy, WeightSink, WeightUpdate
 from agentrl.rollout import schedule_groups
 from agentrl.samples import run_samples
@@ -35,6 +36,8 @@ from agentrl.types import Provenance, StopReason, Trajectory, TrajectoryMeta
 from agentrl.weights import weights_checksum
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from agentrl.trainers.train_config import TrainConfig
 
 __all__ = [
@@ -47,6 +50,7 @@ __all__ = [
     "RolloutWorker",
     "ServerPolicy",
     "ServerState",
+    "handed_tokenizer",
     "hf_policy_factory",
 ]
 
@@ -71,6 +75,23 @@ def hf_policy_factory(cfg: TrainConfig, version: int) -> UpdatablePolicy:
     return factories.make_policy(
         cfg, loaded.model, loaded.tokenizer, renderer, loaded.device, version=version
     )
+
+
+def handed_tokenizer(ray: Any, model: str) -> Any:
+    """The tokenizer of ``model`` for the actors to share: resolved once in this (the driver's) process and
+    put in the object store. An actor unpickles it in a fraction of a second, where loading it through
+    AutoTokenizer imports transformers' model machinery and torch (seconds of CPU per actor). Ray keeps the
+    object while the driver holds the reference, so actors Ray restarts and replacement workers get it too.
+
+    Returns:
+        The object reference, or None where the model's folder is not on this machine (a driver outside
+        the cluster): each actor then loads its own, as before.
+    """
+    try:
+        tok = resolve_tokenizer(model)
+    except ConfigError:
+        return None
+    return ray.put(tok)
 
 
 def _node() -> str:
@@ -103,8 +124,16 @@ class InferenceServer:
     """One inference server: an :class:`~agentrl.protocols.UpdatablePolicy` behind Ray calls."""
 
     def __init__(
-        self, name: str, factory: PolicyFactory, cfg: TrainConfig, broker: Any, transport: WeightTransport
+        self,
+        name: str,
+        factory: PolicyFactory,
+        cfg: TrainConfig,
+        broker: Any,
+        transport: WeightTransport,
+        tokenizer: PreTrainedTokenizerBase | None = None,
     ):
+        if tokenizer is not None:  # the driver's: a factory's resolve_tokenizer(cfg.model) loads nothing
+            use_tokenizer(cfg.model, tokenizer)
         policy = factory(cfg, 0)
         if not isinstance(policy, WeightSink):
             raise ConfigError(
@@ -298,9 +327,13 @@ class RolloutWorker:
         balancer: Any,
         setup: Callable[[], None] | None = None,
         episode_retries: int = 2,
+        tokenizer: PreTrainedTokenizerBase | None = None,
     ):
-        from agentrl.models import resolve_tokenizer
-
+        # The driver's tokenizer, unpickled: AutoTokenizer would import transformers' model machinery and
+        # torch (seconds of CPU per worker) to load the same object. The renderer and the env factory get
+        # it through resolve_tokenizer(cfg.model).
+        if tokenizer is not None:
+            use_tokenizer(cfg.model, tokenizer)
         if setup is not None:
             setup()
         self.name, self.cfg, self.servers, self.balancer = name, cfg, list(servers), balancer

@@ -46,6 +46,7 @@ from agentrl.trainers.ray.actors import (
     RolloutWorker,
     ServerPolicy,
     ServerState,
+    handed_tokenizer,
     hf_policy_factory,
 )
 from agentrl.trainers.ray.learner import LearnerActor, shard_groups
@@ -217,16 +218,14 @@ class RayRuntime(RuntimeVersions):
         """Start the broker, learner group, servers, balancer and workers; publish the starting weights."""
         ray, cfg, dep = self.ray, self.cfg, self.cfg.deploy
         _check_resources(ray, cfg)
+        from ray.util import scheduling_strategies as strategies
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import (
-            NodeAffinitySchedulingStrategy,
-            PlacementGroupSchedulingStrategy,
-        )
 
         # The broker and the balancer live on the driver's node: if that node goes, the run goes anyway.
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        here = strategies.NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.broker = ray.remote(WeightBroker).options(num_cpus=0, scheduling_strategy=here).remote()
         gpus = self.opts.gpus(cfg)
+        self.tok = handed_tokenizer(ray, cfg.model)  # put once for every server and worker (restarts too)
         # Servers and workers start while the learners load: a resume waits for the slowest, not the sum.
         server = ray.remote(InferenceServer)
         self.servers = [
@@ -236,7 +235,7 @@ class RayRuntime(RuntimeVersions):
                 resources={"inference": 1},
                 max_restarts=-1,  # the controller's budget per window decides when to give up (_publish)
                 max_task_retries=0,
-            ).remote(f"server-{k}", self.opts.policy_factory, cfg, self.broker, self.transport)
+            ).remote(f"server-{k}", self.opts.policy_factory, cfg, self.broker, self.transport, self.tok)
             for k in range(dep.inference_servers)
         ]
         # Restarted, its calls retried: were it to die (Ray's OOM killer), every episode would fail.
@@ -254,7 +253,7 @@ class RayRuntime(RuntimeVersions):
         self.learners = [
             actor.options(
                 num_cpus=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                scheduling_strategy=strategies.PlacementGroupSchedulingStrategy(
                     self.placement, placement_group_bundle_index=r
                 ),
                 resources={"learner": 1},
@@ -300,7 +299,7 @@ class RayRuntime(RuntimeVersions):
         self.workers[name] = (
             self.ray.remote(RolloutWorker)
             .options(num_cpus=0, resources={"rollout": 1, "sandbox": 1}, max_concurrency=10_000)
-            .remote(name, self.cfg, self.servers, self.balancer, self.opts.worker_setup)
+            .remote(name, self.cfg, self.servers, self.balancer, self.opts.worker_setup, tokenizer=self.tok)
         )
         return name
 
