@@ -16,6 +16,11 @@ tool must look to the model exactly as it does under TRL, verl and the other lib
 * reads the docstring with transformers' own parser (``parse_google_format_docstring``, a public, pure
   function of that module), so summaries, ``Args:`` entries and their line folding follow the installed
   transformers rather than a second parser of ours;
+* does so only while the installed ``get_json_schema`` is the one it mirrors: the source of that function
+  and of its hint helpers must hash to :data:`MIRRORED_SOURCE` (that of transformers 5.24). The mapping
+  moved within the versions we accept (5.17 turns a custom class into ``{"type": "object"}`` and has no
+  ``Enum`` support), so another release, older or newer, takes the reference path below until its
+  parity has been checked here and the hash updated (the parity test says so, with the new hash);
 * hands everything else to ``get_json_schema`` itself: a hint outside the set above (``torch.Tensor``, a PIL
   image, a custom class), and every function it cannot describe (no docstring, an argument without a hint or
   an ``Args:`` entry, a one-element tuple, a non-JSON ``Literal``...). Its result or its exception is then,
@@ -31,6 +36,8 @@ release that changes the mapping.
 from __future__ import annotations
 
 import enum
+import functools
+import hashlib
 import inspect
 import json
 import re
@@ -39,7 +46,26 @@ import typing
 from collections.abc import Callable
 from typing import Any, Literal, Union, get_args, get_origin
 
-__all__ = ["Unsupported", "json_schema", "schema_without_torch"]
+__all__ = [
+    "MIRRORED_SOURCE",
+    "Unsupported",
+    "installed_source_hash",
+    "json_schema",
+    "schema_without_torch",
+]
+
+MIRRORED_SOURCE = "dbf967ecd46f7080ec75d470f9cdf429bfbc884c4ace4dd74f7453838ae0d4c8"
+"""sha256 of the code in transformers 5.24's ``chat_template_utils`` that turns hints into JSON (see
+:func:`installed_source_hash`): the code :func:`schema_without_torch` reproduces."""
+# Private names of transformers, read only to recognise the code mirrored here; any missing one means
+# "not recognised", never an error.
+_REFERENCE_CODE = (
+    "get_json_schema",
+    "_convert_type_hints_to_json_schema",
+    "_parse_type_hint",
+    "_get_json_schema_type",
+    "_enum_values_to_json_schema",
+)
 
 # JSON types of the values that may appear in a schema "enum" (Literal arguments, Enum member values).
 _SCALAR_TYPES: dict[type, str] = {
@@ -94,6 +120,8 @@ def schema_without_torch(func: Callable[..., Any]) -> dict[str, Any]:
     Raises:
         Unsupported: ``func`` needs ``get_json_schema`` itself (an exotic hint, or a function it rejects).
     """
+    if installed_source_hash() != MIRRORED_SOURCE:
+        raise Unsupported("the installed transformers converts hints with other code than 5.24's")
     try:
         from transformers.utils.chat_template_utils import parse_google_format_docstring
     except ImportError as e:  # renamed in some transformers release: take the reference path
@@ -127,6 +155,22 @@ def schema_without_torch(func: Callable[..., Any]) -> dict[str, Any]:
     if returns is not None:
         function["return"] = returns
     return {"type": "function", "function": function}
+
+
+@functools.cache
+def installed_source_hash() -> str | None:
+    """sha256 of the installed ``get_json_schema`` and its hint helpers (source text and scalar table).
+
+    None when transformers lacks one of them or ships no source; a few milliseconds, once per process.
+    """
+    try:
+        from transformers.utils import chat_template_utils as reference
+
+        parts = [inspect.getsource(getattr(reference, name)) for name in _REFERENCE_CODE]
+        parts.append(repr(reference.JSON_SCALAR_TYPES))
+    except (ImportError, AttributeError, OSError, TypeError):
+        return None
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def _parameters(func: Callable[..., Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from transformers.utils import get_json_schema
 
 import agentrl.tools.function as function_module
 from agentrl.errors import ConfigError
-from agentrl.tools import FunctionTool, LookupTool, PythonTool, tool
+from agentrl.tools import FunctionTool, LookupTool, PythonTool, _schema, tool
 from agentrl.tools._schema import Unsupported, json_schema, schema_without_torch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -300,6 +300,26 @@ def test_every_shipped_tool_schema_matches_get_json_schema(monkeypatch: pytest.M
     assert {t.fn.__name__ for t in shipped} | {"python", "lookup", "units"} <= {f.__name__ for f in built}
     for stand_in in built:
         same_json(schema_without_torch(stand_in), get_json_schema(stand_in))
+
+
+# -- which transformers the torch-free path stands in for ----------------------------------------------
+def test_the_installed_transformers_is_the_one_mirrored() -> None:
+    import transformers
+
+    # A new transformers whose hint code changed: run this file with MIRRORED_SOURCE set to the hash below;
+    # once every parity test passes (fix tools/_schema.py until they do), keep that hash.
+    assert _schema.installed_source_hash() == _schema.MIRRORED_SOURCE, (
+        f"transformers {transformers.__version__} converts hints with code tools/_schema.py has not been "
+        f"checked against (its hash: {_schema.installed_source_hash()})"
+    )
+
+
+def test_other_transformers_code_gets_get_json_schema_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_schema, "MIRRORED_SOURCE", "the hash of some other release")
+    fn = fn_with({"x": list[int] | None, "c": Color}, "Do it.\n\nArgs:\n    x: X.\n    c: C.\n")
+    with pytest.raises(Unsupported, match="other code"):
+        schema_without_torch(fn)
+    same_json(json_schema(fn), get_json_schema(fn))
 
 
 # -- hints only transformers can map, and functions it rejects -----------------------------------------
