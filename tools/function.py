@@ -48,6 +48,8 @@ from agentrl.errors import ConfigError, InfraError, ToolCallError
 from agentrl.protocols import ToolContext, ToolOutput
 from agentrl.types import ToolStatus
 
+from ._schema import json_schema
+
 __all__ = ["FunctionTool", "coerce_arguments", "function_schema", "tool"]
 
 _INT_RE = re.compile(r"^[+-]?\d+$")
@@ -248,9 +250,9 @@ def _build_schema(
     name: str, doc: str | None, signature: inspect.Signature, hints: dict[str, Any]
 ) -> dict[str, Any]:
     """The schema of a function called ``name`` with this docstring, signature and resolved hints."""
-    from transformers.utils.chat_template_utils import get_json_schema
 
-    # get_json_schema reads __signature__, resolved annotations, __name__ and the docstring of a function.
+    # json_schema is transformers' get_json_schema without its torch import (tools/_schema.py says how);
+    # it reads __signature__, resolved annotations, __name__ and the docstring of a function.
     # A stand-in carries them, so a tool's own function is never touched (its context parameter is hidden).
     def stand_in() -> None: ...
 
@@ -273,8 +275,8 @@ def _build_schema(
             "followed by an Args: entry per argument"
         )
     try:
-        schema = get_json_schema(stand_in)
-    except Exception as e:  # transformers' own exceptions say exactly what is missing
+        schema = json_schema(stand_in)
+    except Exception as e:  # get_json_schema's own exceptions say exactly what is missing
         raise ConfigError(f"cannot build a tool schema for {name!r}: {e}") from e
     schema["function"].pop("return", None)  # not part of the OpenAI function schema
     if not schema["function"].get("description"):
