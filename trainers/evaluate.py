@@ -27,7 +27,6 @@ from agentrl.chat import ChatRenderer
 from agentrl.config import config_from_dict, config_to_dict
 from agentrl.errors import ConfigError
 from agentrl.models import ModelSpec, model_folder, resolve_model
-from agentrl.policies import HFPolicy
 from agentrl.protocols import Policy
 from agentrl.rollout import GroupHook, RolloutConfig, run_groups
 from agentrl.run import RunDir
@@ -390,6 +389,10 @@ async def evaluate(
     spec = ModelSpec(model, device=device)
     model_folder(spec.name)  # a wrong --model fails here, before any env is built
     make_env, used_split = held_out_env(env, split, **(env_kwargs or {}))
+    # Imported here, not at the top: EvalConfig is part of every TrainConfig, and the rollout workers and
+    # inference servers that unpickle one never evaluate a model (torch: ~3 CPU-s and ~300 MB per actor).
+    from agentrl.policies import HFPolicy
+
     loaded = resolve_model(spec)
     renderer = ChatRenderer(loaded.tokenizer)
     policy = HFPolicy(

@@ -11,12 +11,11 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import inspect
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 import agentrl
 from agentrl.chat import ChatRenderer
@@ -24,7 +23,6 @@ from agentrl.errors import ConfigError
 from agentrl.learner import LearnerConfig
 from agentrl.lora import published_state
 from agentrl.models import model_folder
-from agentrl.policies import HFPolicy
 from agentrl.precision import Precision, resolve_precision
 from agentrl.protocols import UpdatablePolicy, WeightSink, WeightUpdate
 from agentrl.rewards import RewardConfig
@@ -33,7 +31,12 @@ from agentrl.run import ModelSpec, RunDir
 from agentrl.trainers.tool_format import record_choice, resolve_auto
 from agentrl.trainers.train_config import ResolvedRun, TrainConfig, resumed_config
 
+# torch and the HF policy are imported where they are used: a rollout worker or inference server builds its
+# env and renderer from these factories but never trains, and torch costs it ~3 CPU-s and ~300 MB per actor.
 if TYPE_CHECKING:
+    import torch
+
+    from agentrl.policies import HFPolicy
     from agentrl.sandbox import SandboxPool
 
 __all__ = [
@@ -152,7 +155,10 @@ def make_policy(
             lora=lora,
         )
         return vllm_policy
-    return HFPolicy(
+    # Looked up on this module (imported on first use by __getattr__ below), where a test's scripted sampler
+    # may stand in for it.
+    hf_policy: type[HFPolicy] = sys.modules[__name__].HFPolicy
+    return hf_policy(
         model,
         tokenizer,
         stop_token_ids=renderer.stop_token_ids,
@@ -331,6 +337,8 @@ def _learner_sizes(cfg: TrainConfig, dev: torch.device) -> tuple[int | None, int
         policy = cfg.sampler.policy
         vllm = policy == "vllm" or (policy == "auto" and importlib.util.find_spec("vllm") is not None)
         if vllm:  # the in-process engine takes its share of the GPU after the learner's model is loaded
+            import torch
+
             reserved = int(0.35 * torch.cuda.get_device_properties(dev).total_memory)
     sizes = device_sizes(dev, shape, reserved_bytes=reserved)
     mbt = sizes.micro_batch_tokens if lc.micro_batch_tokens == 0 else lc.micro_batch_tokens
@@ -343,3 +351,12 @@ def tokenizer_pad_id(renderer: ChatRenderer) -> int:
     """Padding id for batches: the tokenizer's pad token, else its first stop token (masked anyway)."""
     pad = getattr(renderer.tokenizer, "pad_token_id", None)
     return int(pad) if pad is not None else int(renderer.stop_token_ids[0])
+
+
+def __getattr__(name: str) -> Any:
+    # HFPolicy stays reachable here as before (tests swap in a scripted sampler), imported on first use.
+    if name == "HFPolicy":
+        from agentrl.policies import HFPolicy
+
+        return HFPolicy
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

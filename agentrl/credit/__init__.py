@@ -20,16 +20,10 @@ Names: ``otb`` (OTB specification otb-spec.md §3.3), ``grpo`` (group mean, opti
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-import torch
-
-from agentrl.credit._common import GroupIds, returns_to_go, token_energy
-from agentrl.credit.baselines import grpo_advantages, no_baseline, opo_advantages, rloo_advantages
-from agentrl.credit.diagnostics import VarianceProxy, variance_proxy_metrics
 from agentrl.credit.estimators import (
     ESTIMATOR_CONFIGS,
-    ESTIMATORS,
     GRPO,
     OPO,
     OTB,
@@ -39,8 +33,43 @@ from agentrl.credit.estimators import (
     NoBaseline,
     estimator_config,
 )
-from agentrl.credit.otb import optimal_token_baseline, sum_pi_squared
 from agentrl.errors import ConfigError
+
+# The torch-backed names are imported on first use (PEP 562): a TrainConfig carries an estimator config, and
+# the rollout workers and inference servers that unpickle it never train, so they must not pay for torch
+# (~3 CPU-s and ~300 MB per actor).
+if TYPE_CHECKING:
+    import torch
+
+    from agentrl.credit._common import GroupIds, returns_to_go, token_energy
+    from agentrl.credit.baselines import grpo_advantages, no_baseline, opo_advantages, rloo_advantages
+    from agentrl.credit.diagnostics import VarianceProxy, variance_proxy_metrics
+    from agentrl.credit.estimators import ESTIMATORS
+    from agentrl.credit.otb import optimal_token_baseline, sum_pi_squared
+
+_WHERE = {
+    "ESTIMATORS": "agentrl.credit.estimators",
+    "GroupIds": "agentrl.credit._common",
+    "returns_to_go": "agentrl.credit._common",
+    "token_energy": "agentrl.credit._common",
+    "grpo_advantages": "agentrl.credit.baselines",
+    "no_baseline": "agentrl.credit.baselines",
+    "opo_advantages": "agentrl.credit.baselines",
+    "rloo_advantages": "agentrl.credit.baselines",
+    "VarianceProxy": "agentrl.credit.diagnostics",
+    "variance_proxy_metrics": "agentrl.credit.diagnostics",
+    "optimal_token_baseline": "agentrl.credit.otb",
+    "sum_pi_squared": "agentrl.credit.otb",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'agentrl.credit' has no attribute {name!r}")
+
 
 __all__ = [
     "ESTIMATORS",

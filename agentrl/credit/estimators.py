@@ -19,15 +19,18 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
-
-import torch
+from functools import cache
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from agentrl.config import config_from_dict
-from agentrl.credit._common import GroupIds
-from agentrl.credit.baselines import grpo_advantages, no_baseline, opo_advantages, rloo_advantages
-from agentrl.credit.otb import optimal_token_baseline
 from agentrl.errors import ConfigError
+
+# The estimator configs are part of every TrainConfig, which rollout workers and inference servers unpickle
+# without ever training: torch (~3 CPU-s and ~300 MB per actor) is imported only when advantages are computed.
+if TYPE_CHECKING:
+    import torch
+
+    from agentrl.credit._common import GroupIds
 
 __all__ = [
     "ESTIMATORS",
@@ -44,15 +47,31 @@ __all__ = [
 ]
 
 
-ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
-    "otb": optimal_token_baseline,
-    "grpo": grpo_advantages,
-    "rloo": rloo_advantages,
-    "opo": opo_advantages,
-    "none": no_baseline,
-}
-"""The pure estimator functions by name; all share the signature of
-:func:`agentrl.credit.compute_advantages` (minus ``name``)."""
+if TYPE_CHECKING:
+    ESTIMATORS: dict[str, Callable[..., torch.Tensor]]
+    """The pure estimator functions by name; all share the signature of
+    :func:`agentrl.credit.compute_advantages` (minus ``name``). Built on first use (it imports torch)."""
+
+
+@cache
+def _estimator_functions() -> dict[str, Callable[..., torch.Tensor]]:
+    # One dict for the process, so ``ESTIMATORS`` and :meth:`AdvantageEstimator.advantages` agree.
+    from agentrl.credit.baselines import grpo_advantages, no_baseline, opo_advantages, rloo_advantages
+    from agentrl.credit.otb import optimal_token_baseline
+
+    return {
+        "otb": optimal_token_baseline,
+        "grpo": grpo_advantages,
+        "rloo": rloo_advantages,
+        "opo": opo_advantages,
+        "none": no_baseline,
+    }
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ESTIMATORS":
+        return _estimator_functions()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def require_policy_stats(
@@ -106,7 +125,7 @@ class AdvantageEstimator:
             options["episode_ids"] = episode_ids
         if is_weights_B_T is not None and self.uses_importance_weights:
             options["is_weights"] = is_weights_B_T
-        return ESTIMATORS[self.name](
+        return _estimator_functions()[self.name](
             token_rewards_B_T, loss_mask_B_T, logprobs_B_T, sum_pi_squared_B_T, group_ids, **options
         )
 

@@ -24,12 +24,22 @@ Modules (each imports only those above it):
 * :mod:`~agentrl.learner.stability` — the trainers' per-step schedule and collapse check, checkpointed.
 """
 
-from agentrl.batch import TokenBatch, collate
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from agentrl.learner.config import LearnerConfig, LearnerStats, LossAgg
-from agentrl.learner.distributed import wrap_fsdp
-from agentrl.learner.forward import ForwardOutput, forward_logprobs
-from agentrl.learner.learner import Learner, plan_micro_batches
-from agentrl.learner.losses import PolicyLossName, kl_k3, policy_loss
+from agentrl.learner.losses import PolicyLossName
+
+# The torch-backed names are imported on first use (PEP 562): a TrainConfig holds a LearnerConfig, and the
+# rollout workers and inference servers that unpickle it never train, so they must not pay for torch
+# (~3 CPU-s and ~300 MB per actor).
+if TYPE_CHECKING:
+    from agentrl.batch import TokenBatch, collate
+    from agentrl.learner.distributed import wrap_fsdp
+    from agentrl.learner.forward import ForwardOutput, forward_logprobs
+    from agentrl.learner.learner import Learner, plan_micro_batches
+    from agentrl.learner.losses import kl_k3, policy_loss
 
 __all__ = [
     "ForwardOutput",
@@ -46,3 +56,23 @@ __all__ = [
     "policy_loss",
     "wrap_fsdp",
 ]
+
+_WHERE = {
+    "TokenBatch": "agentrl.batch",
+    "collate": "agentrl.batch",
+    "wrap_fsdp": "agentrl.learner.distributed",
+    "ForwardOutput": "agentrl.learner.forward",
+    "forward_logprobs": "agentrl.learner.forward",
+    "Learner": "agentrl.learner.learner",
+    "plan_micro_batches": "agentrl.learner.learner",
+    "kl_k3": "agentrl.learner.losses",
+    "policy_loss": "agentrl.learner.losses",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'agentrl.learner' has no attribute {name!r}")

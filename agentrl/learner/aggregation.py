@@ -20,11 +20,15 @@ episodes without model tokens are not counted.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from agentrl.errors import ConfigError
+
+# torch is imported inside the functions that compute: LearnerConfig (and the TrainConfig that holds it)
+# needs only this module's names, and the rollout workers and inference servers that unpickle it never
+# train (torch costs them ~3 CPU-s and ~300 MB per actor).
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["LOSS_AGGS", "LossAgg", "aggregation_weights", "episode_counts"]
 
@@ -49,6 +53,8 @@ def episode_counts(
 ) -> tuple[torch.Tensor, float]:
     """([B] model tokens of each row's episode, number of episodes with model tokens). ``episode_ids``: one
     number per row, rows sharing one are an episode's samples; None = every row is an episode."""
+    import torch
+
     if episode_ids is None:
         return seq_tokens_B, float((seq_tokens_B > 0).sum())
     if len(episode_ids) != seq_tokens_B.numel():

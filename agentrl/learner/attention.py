@@ -27,12 +27,16 @@ import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentrl.errors import ConfigError
+
+# torch is imported inside the functions that compute: LearnerConfig (and the TrainConfig that holds it)
+# needs only this module's names, and the rollout workers and inference servers that unpickle it never
+# train (torch costs them ~3 CPU-s and ~300 MB per actor).
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 __all__ = [
     "ATTENTION_CHOICES",
@@ -60,6 +64,8 @@ class AttentionAvailability:
 
 def attention_availability(device: torch.device | str) -> AttentionAvailability:
     """Probe the installed packages for ``device`` (no kernel runs; ``find_spec`` only)."""
+    import torch
+
     dev = torch.device(device)
     cuda = dev.type == "cuda"
 

@@ -21,12 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentrl.errors import ConfigError
+
+# torch is imported inside the functions that compute: LearnerConfig (and the TrainConfig that holds it)
+# needs only this module's names, and the rollout workers and inference servers that unpickle it never
+# train (torch costs them ~3 CPU-s and ~300 MB per actor).
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 __all__ = [
     "CHECKPOINTING_CHOICES",
@@ -103,6 +107,8 @@ def measure_activation_cost(
     Raises:
         ConfigError: ``device`` is not a CUDA device (there is no allocator to read).
     """
+    import torch
+
     if device.type != "cuda":
         raise ConfigError(f"measuring activation memory needs CUDA, not {device.type}")
     peaks = []
@@ -122,6 +128,8 @@ def measure_activation_cost(
 def available_bytes(device: torch.device) -> int:
     """Memory a micro-batch can take on CUDA ``device`` now: free on the device plus what the caching
     allocator holds but does not use."""
+    import torch
+
     free, _ = torch.cuda.mem_get_info(device)
     cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     return int(free + max(cached, 0))

@@ -25,11 +25,15 @@ decoupled_policy_loss` is the loss written out, for tests and for learners that 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from agentrl.errors import ConfigError
+
+# torch is imported inside the functions that compute: LearnerConfig (and the TrainConfig that holds it)
+# needs only this module's names, and the rollout workers and inference servers that unpickle it never
+# train (torch costs them ~3 CPU-s and ~300 MB per actor).
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Correction", "CorrectionMode", "ImportanceWeights", "importance_weights", "truncated_is_weights"]
 
@@ -110,6 +114,8 @@ def truncated_is_weights(
     With μ = π_old bitwise the log-ratio is 0 and ρ̄ is exactly 1. Log-ratios are clamped at 20 before
     ``exp`` (the cap truncates them anyway), so values at uncorrected positions may be anything.
     """
+    import torch
+
     if old_logprobs_B_T.shape != sampler_logprobs_B_T.shape or correct_B_T.shape != old_logprobs_B_T.shape:
         raise ConfigError(
             f"importance weights need [B, T] tensors of one shape, got {tuple(old_logprobs_B_T.shape)}, "
@@ -142,6 +148,8 @@ def importance_weights(
             ``scope="stale"``.
         correction: the settings (mode ``tis``).
     """
+    import torch
+
     if correction.mode != "tis":
         raise ConfigError(f"importance weights are only computed in mode 'tis', not {correction.mode!r}")
     mask = loss_mask_B_T.bool()

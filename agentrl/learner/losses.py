@@ -3,11 +3,15 @@ decoupled off-policy loss (importance-weighted PPO)."""
 
 from __future__ import annotations
 
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from agentrl.errors import ConfigError
+
+# torch is imported inside the functions that compute: LearnerConfig (and the TrainConfig that holds it)
+# needs only this module's names, and the rollout workers and inference servers that unpickle it never
+# train (torch costs them ~3 CPU-s and ~300 MB per actor).
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["PolicyLossName", "decoupled_policy_loss", "kl_k3", "policy_loss"]
 
@@ -31,6 +35,8 @@ def policy_loss(
     * ``ppo``: max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high)), r = π/π_old; with ``dual_clip_c`` = c >
       1, tokens with A < 0 are additionally bounded by −A·c (dual-clip PPO).
     """
+    import torch
+
     if kind == "reinforce":
         return -advantages_B_T * logprobs_B_T, torch.zeros_like(logprobs_B_T)
     if kind != "ppo":
@@ -52,6 +58,8 @@ def policy_loss(
 
 def kl_k3(logprobs_B_T: torch.Tensor, ref_logprobs_B_T: torch.Tensor) -> torch.Tensor:
     """k3 estimator of KL(π ‖ π_ref) per token: e^{Δ} − Δ − 1 with Δ = log π_ref − log π (≥ 0)."""
+    import torch
+
     d = (ref_logprobs_B_T - logprobs_B_T).clamp(-20.0, 20.0)
     return torch.exp(d) - d - 1.0
 
