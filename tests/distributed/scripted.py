@@ -135,3 +135,20 @@ class ScriptedTIRFactory:
             jitter_s=self.jitter_s,
             version=version,
         )
+
+
+def handover_probe(actor: Any, model: str) -> dict[str, Any]:
+    """Run inside a rollout worker or an inference server (``handle.__ray_call__.remote(handover_probe,
+    model)``): the tokenizer it renders with, whether that is the one the driver handed over
+    (:func:`agentrl.models.use_tokenizer`), what it renders, and whether the process has imported torch."""
+    from agentrl import models
+
+    handed = models._HANDED.get(model)
+    used = actor.renderer.tokenizer if hasattr(actor, "renderer") else actor.policy.tokenizer
+    return {
+        "used_is_handed": handed is not None and used is handed,
+        "resolves_to_handed": handed is not None and models.resolve_tokenizer(model) is handed,
+        "backend": used.backend_tokenizer.to_str(),
+        "chat": used.apply_chat_template([{"role": "user", "content": "2+2? 数学"}], tokenize=False),
+        "torch": "torch" in sys.modules,
+    }

@@ -16,7 +16,7 @@ import pytest
 from agentrl import read_trajectories
 from agentrl.learner import Learner, LearnerConfig
 from agentrl.metrics import read_metrics
-from agentrl.models import resolve_model
+from agentrl.models import resolve_model, resolve_tokenizer
 from agentrl.rollout import RolloutConfig
 from agentrl.run import RunDir
 from agentrl.staleness import DroppedGroup, StepOutcome
@@ -29,7 +29,7 @@ from agentrl.update import score_and_credit
 from agentrl.weights import weights_checksum
 
 from .conftest import add_rollout_node
-from .scripted import ScriptedTIRFactory, ScriptedTIRPolicy
+from .scripted import ScriptedTIRFactory, ScriptedTIRPolicy, handover_probe
 
 ray = pytest.importorskip("ray", reason="the Ray runtime's tests need the ray extra (bash .ci/setup --dev)")
 
@@ -192,7 +192,8 @@ async def test_a_worker_killed_a_server_killed_and_a_node_removed_mid_step(clust
       with exactly its groups (no duplicate), re-run groups ran on another worker, none lost;
     - step 1, an inference server killed mid-step (``--weights-dir``: the weights travel as files in a
       shared folder, and the restarted server reads the newest): Ray restarts it, it catches up to the
-      current version before it serves, nothing is sampled with stale weights;
+      current version before it serves, nothing is sampled with stale weights; the replacement worker
+      and the restarted server use the tokenizer the driver handed over, and the worker imported no torch;
     - step 2, the node of a worker removed mid-step: its groups re-run on another node.
 
     Two workers and two servers throughout, so each fault has a survivor of its kind."""
@@ -238,6 +239,19 @@ async def test_a_worker_killed_a_server_killed_and_a_node_removed_mid_step(clust
             states = await asyncio.gather(*(rt._sync(s) for s in rt.servers))
             assert [s.starts for s in states] == [2, 1]
             assert all(s.version == 1 and s.checksum == rt.learner_checksum for s in states)
+            # The replacement worker and the restarted server render with the tokenizer the driver handed
+            # over (one object in the store), not one each loaded through AutoTokenizer; the worker, which
+            # renders and runs episodes, has imported no torch after two steps' episodes.
+            tok = resolve_tokenizer(cfg.model)
+            chat = tok.apply_chat_template([{"role": "user", "content": "2+2? 数学"}], tokenize=False)
+            probed = (rt.workers["worker-2"], rt.servers[0])
+            worker, server = await asyncio.gather(
+                *(a.__ray_call__.remote(handover_probe, cfg.model) for a in probed)
+            )
+            for p in (worker, server):
+                assert p["used_is_handed"] and p["resolves_to_handed"], p
+                assert p["backend"] == tok.backend_tokenizer.to_str() and p["chat"] == chat
+            assert not worker["torch"]
             await finish_step(rt, groups, 2)
 
             # --- step 2: the node of a worker removed while the worker holds a lease.
