@@ -1,4 +1,5 @@
-"""What a rollout worker or inference server loads must not import torch or transformers.
+"""What a rollout worker or inference server loads must not import torch or transformers; nor may
+``agentrl``'s command-line parser import torch.
 
 Those actors unpickle the run's TrainConfig and build their env and renderer from
 :mod:`agentrl.trainers.factories`, but never train: torch and transformers' model code would cost each of
@@ -110,8 +111,24 @@ def test_unpickling_a_train_config_imports_no_torch(tmp_path: Path) -> None:
     assert_light("pickle.loads(TrainConfig)", imported(stmt, str(path)))
 
 
+def test_every_agentrl_command_parses_without_torch() -> None:
+    # `agentrl envs`, `agentrl check`, `agentrl --help` build the whole parser, `agentrl replay`'s included:
+    # torch comes only with a command that runs a model (the replay package loads its model parts lazily).
+    stmt = "from agentrl.trainers.cli import build_parser; build_parser()"
+    found = imported(stmt, watched=("torch", "agentrl.trainers.replay.cli"))
+    assert "agentrl.trainers.replay.cli" in found, found  # the hook saw the replay parser come in
+    assert_light(stmt, {k: v for k, v in found.items() if k == "torch"})
+
+
 @pytest.mark.parametrize(
-    "module", ["agentrl.credit", "agentrl.credit.estimators", "agentrl.learner", "agentrl.trainers.factories"]
+    "module",
+    [
+        "agentrl.credit",
+        "agentrl.credit.estimators",
+        "agentrl.learner",
+        "agentrl.trainers.factories",
+        "agentrl.trainers.replay",
+    ],
 )
 def test_lazy_names_still_resolve(module: str) -> None:
     import importlib

@@ -33,8 +33,6 @@ from typing import Any
 from agentrl import replay
 from agentrl.errors import ConfigError
 from agentrl.trainers.factories import env_arguments
-from agentrl.trainers.replay.credit import advantages_of_step
-from agentrl.trainers.replay.recompute import recompute, recompute_run
 from agentrl.trainers.replay.reexec import (
     NO_ENV_KWARGS,
     ReexecReport,
@@ -43,9 +41,7 @@ from agentrl.trainers.replay.reexec import (
     reexec_status,
 )
 from agentrl.trainers.replay.rejudge import add_group_terms, add_rejudge_arguments, rejudge_env_kwargs
-from agentrl.trainers.replay.reproduce import reproduce_step
 from agentrl.trainers.replay.text import print_recompute, print_step
-from agentrl.trainers.replay.weights import find_tokenizer, train_config
 from agentrl.types import StopReason, ToolStatus, Trajectory
 
 __all__ = ["add_parser", "run"]
@@ -339,6 +335,12 @@ def _print_rescore(reports: Sequence[RescoreReport]) -> None:
 # ---------------------------------------------------------------------------------------------------
 def run(ns: argparse.Namespace) -> int:
     """Run ``agentrl replay`` with parsed arguments; returns the exit status."""
+    # Here, not at the top: every agentrl command builds this parser (add_parser), and these import torch.
+    from agentrl.trainers.replay.credit import advantages_of_step
+    from agentrl.trainers.replay.mismatch import recompute, recompute_run
+    from agentrl.trainers.replay.reproduce import reproduce_step
+    from agentrl.trainers.replay.weights import find_tokenizer, train_config
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         from transformers.utils import logging as hf_logging

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from agentrl import replay
-from agentrl.trainers.replay.reproduce import StepReport
+
+if TYPE_CHECKING:  # reproduce imports torch; agentrl replay's parser (every command's) imports this module
+    from agentrl.trainers.replay.reproduce import StepReport
 
 __all__ = ["print_recompute", "print_step"]
 
