@@ -19,6 +19,10 @@ import pytest
 HEAD = {"learner": 2, "inference": 2}
 ROLLOUT_NODE = {"rollout": 2, "sandbox": 2}
 MB = 2**20
+# Rollout nodes per cluster: two, so that a test can remove one while the run goes on. The child pytest of
+# test_session_cluster.py, which checks only when the cluster starts and stops, sets 0 (two raylets and
+# their agents fewer to start, twice).
+ROLLOUT_NODES_VAR = "AGENTRL_TEST_ROLLOUT_NODES"
 HERE = Path(__file__).resolve().parent
 
 
@@ -62,8 +66,8 @@ class SessionCluster:
             },
         )
         try:
-            add_rollout_node(c)
-            add_rollout_node(c)
+            for _ in range(int(os.environ.get(ROLLOUT_NODES_VAR, "2"))):
+                add_rollout_node(c)
             c.wait_for_nodes()
             ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
         except BaseException:
