@@ -35,7 +35,10 @@ FORBIDDEN = {
 # Layers inside the core, bottom first. A module may import modules of its own layer and of the layers below,
 # never above; a package (credit, learner, policies, replay) is one unit. docs/architecture.md draws them.
 CORE_LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("foundation", frozenset({"errors", "_sync", "config", "weights", "tokenizer_id", "loading", "heap"})),
+    (
+        "foundation",
+        frozenset({"errors", "_sync", "config", "weights", "tokenizer_id", "loading", "heap", "_lazy"}),
+    ),
     (
         "data",
         frozenset({"types", "tool_records", "reward_records", "provenance", "execution", "run", "groups"}),

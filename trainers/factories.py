@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import agentrl
+from agentrl._lazy import load
 from agentrl.chat import ChatRenderer
 from agentrl.errors import ConfigError
 from agentrl.learner import LearnerConfig
@@ -355,8 +356,4 @@ def tokenizer_pad_id(renderer: ChatRenderer) -> int:
 
 def __getattr__(name: str) -> Any:
     # HFPolicy stays reachable here as before (tests swap in a scripted sampler), imported on first use.
-    if name == "HFPolicy":
-        from agentrl.policies import HFPolicy
-
-        return HFPolicy
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return load(__name__, {"HFPolicy": "agentrl.policies"}, name)

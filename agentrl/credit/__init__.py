@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, cast
 
+from agentrl._lazy import load
 from agentrl.credit.estimators import (
     ESTIMATOR_CONFIGS,
     GRPO,
@@ -64,11 +65,7 @@ _WHERE = {
 
 
 def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        import importlib
-
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'agentrl.credit' has no attribute {name!r}")
+    return load(__name__, _WHERE, name)
 
 
 __all__ = [

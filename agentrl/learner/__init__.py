@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from agentrl._lazy import load
 from agentrl.learner.config import LearnerConfig, LearnerStats, LossAgg
 from agentrl.learner.losses import PolicyLossName
 
@@ -71,8 +72,4 @@ _WHERE = {
 
 
 def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        import importlib
-
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'agentrl.learner' has no attribute {name!r}")
+    return load(__name__, _WHERE, name)

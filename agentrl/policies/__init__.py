@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from agentrl._lazy import load
+
 if TYPE_CHECKING:
     from agentrl.policies.engine import GenerationEngine
     from agentrl.policies.hf import HFPolicy
@@ -33,8 +35,4 @@ _WHERE = {
 
 
 def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        import importlib
-
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'agentrl.policies' has no attribute {name!r}")
+    return load(__name__, _WHERE, name)

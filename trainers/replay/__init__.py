@@ -21,6 +21,7 @@ version), :mod:`~agentrl.trainers.replay.reexec` (a fresh env fed the recorded t
 
 from typing import TYPE_CHECKING, Any
 
+from agentrl._lazy import load
 from agentrl.trainers.replay.cli import add_parser, run
 from agentrl.trainers.replay.reexec import (
     CallReplay,
@@ -110,8 +111,4 @@ _WHERE = {
 
 
 def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        import importlib
-
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'agentrl.trainers.replay' has no attribute {name!r}")
+    return load(__name__, _WHERE, name)
